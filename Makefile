@@ -1,0 +1,45 @@
+# h3render: the two commands a fresh machine needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: all install test demo lib fixtures bench clean
+
+all: install
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Reinstall whenever a source of the package or the engine changed.
+$(STAMP): $(PY) pyproject.toml CMakeLists.txt $(wildcard csrc/*.c csrc/*.h) $(shell find h3render -name '*.py' -o -name '*.html' -o -name '*.js' -o -name '*.css' 2>/dev/null)
+	$(PIP) install -q ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The whole suite, against the installed package (tests/ is not a package, so
+# the source tree never shadows the installed one).
+test: install
+	cd tests && ../$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/h3render demo
+
+# Development build of the shared library next to the sources, for
+# PYTHONPATH=. runs without reinstalling.
+lib:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build build -j2
+	cp build/libh3render.so h3render/engine/
+
+# Regenerate the reference fixtures from diffusers and transformers (needs torch).
+fixtures:
+	$(PYTHON) -m venv .venv-ref
+	.venv-ref/bin/pip install -q "torch==2.13.0" "diffusers==0.42.1" "transformers==5.23.0" "safetensors==0.8.0" "tokenizers==0.23.3" "gguf==0.19.0" accelerate numpy
+	.venv-ref/bin/python tools/fixtures/make_fixtures.py
+
+clean:
+	rm -rf build $(VENV) h3render/engine/libh3render.so
