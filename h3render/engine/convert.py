@@ -1,0 +1,335 @@
+"""Convert a diffusers-layout Wan 2.1 pipeline folder into an h3render model directory.
+
+Source layout (as Wan-AI/Wan2.1-T2V-1.3B-Diffusers): ``transformer/``,
+``text_encoder/``, ``vae/``, ``tokenizer/``, ``scheduler/``; each model folder has a
+``config.json`` and one or more ``*.safetensors`` (sharded with an index or not).
+Any component may be absent, so a folder holding only ``transformer/`` converts
+too (the numerics tests use that).
+
+Destination: one GGUF file per component and quant level,
+``transformer-<quant>.gguf``, ``text_encoder-<tq>.gguf``, ``vae-<tq>.gguf``, plus
+``tokenizer.json`` and ``model.json``. The text encoder and the VAE are small and
+precision-sensitive, so they are written at F32 for the f32 level and F16 for
+every other level (``tq``).
+
+Inside each GGUF:
+  - tensors keep their diffusers/transformers names;
+  - every scalar or list in the component's config.json is stored as ``h3r.<key>``
+    (int64, float64, bool, string, or arrays of int64/float64);
+  - tensors of 3 or more dims named ``*.weight`` (convolutions) are flattened to
+    2-D (dim0, prod(rest)), the layout a conv-as-matmul wants, and their original
+    shape is stored as ``h3r.shape.<name>``;
+  - pipeline values the C engine needs are stored as ``h3r.pipeline.<key>``.
+
+Tensors are streamed one at a time from the safetensors files to the GGUF file,
+so converting a large checkpoint does not need its size in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from h3render.engine.exceptions import ConvertError
+
+COMPONENTS: dict[str, str] = {
+    "transformer": "wan_dit",
+    "text_encoder": "umt5",
+    "vae": "wan_vae",
+}
+QUANT_LEVELS = ("f32", "f16")
+DEFAULT_TEXT_LEN = 512  # WanPipeline's max_sequence_length
+DEFAULT_FPS = 16
+# Below this many elements a weight stays F32: the saving is nil and the
+# rounding lands on layers (embeddings of tiny vocabularies, biases tables)
+# that are cheap to keep exact.
+F16_MIN_ELEMENTS = 1024
+
+
+@dataclass
+class ConvertReport:
+    dst: Path
+    files: dict[str, int] = field(default_factory=dict)  # file name -> bytes
+
+
+def component_quant(component: str, quant: str) -> str:
+    """Quant level of the file a component is stored at for a requested level."""
+    if component == "transformer":
+        return quant
+    return "f32" if quant == "f32" else "f16"
+
+
+# ---------------------------------------------------------------- safetensors
+
+_ST_DTYPES = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),  # widened to f32 by shifting into the high half
+    "F64": np.dtype("<f8"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+}
+
+
+@dataclass
+class _SourceTensor:
+    name: str
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+
+def _read_safetensors_header(path: Path) -> list[_SourceTensor]:
+    """Tensor index of one .safetensors file, checked against the file size."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise ConvertError(f"{path}: too short for a safetensors header ({size} bytes)")
+        (hlen,) = struct.unpack("<Q", raw)
+        if hlen > size - 8:
+            raise ConvertError(f"{path}: header length {hlen} runs past end of file ({size} bytes)")
+        try:
+            header = json.loads(fh.read(hlen))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConvertError(f"{path}: header is not valid JSON: {exc}") from None
+    base = 8 + hlen
+    tensors = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info.get("dtype")
+        if dtype not in _ST_DTYPES:
+            raise ConvertError(
+                f"{path}: tensor '{name}' has dtype {dtype}; supported: {', '.join(_ST_DTYPES)}"
+            )
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(o) for o in info["data_offsets"])
+        need = int(np.prod(shape, dtype=np.int64)) * _ST_DTYPES[dtype].itemsize
+        if end - begin != need or base + end > size or begin < 0:
+            raise ConvertError(
+                f"{path}: tensor '{name}' data [{begin}, {end}) does not fit shape {shape} "
+                f"{dtype} or runs past end of file ({size} bytes)"
+            )
+        tensors.append(_SourceTensor(name, path, dtype, shape, base + begin, base + end))
+    return tensors
+
+
+def _source_tensors(folder: Path) -> list[_SourceTensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    index = next(iter(sorted(folder.glob("*.safetensors.index.json"))), None)
+    if index is not None:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConvertError(f"{index}: not a safetensors index ({exc})") from None
+        files = []
+        for shard in sorted(set(weight_map.values())):
+            shard_path = folder / shard
+            if not shard_path.is_file():
+                raise ConvertError(f"{index}: shard '{shard}' is missing")
+            files.append(shard_path)
+    if not files:
+        raise ConvertError(f"{folder}: no .safetensors files")
+    tensors: dict[str, _SourceTensor] = {}
+    for path in files:
+        for t in _read_safetensors_header(path):
+            if t.name in tensors:
+                raise ConvertError(f"{path}: tensor '{t.name}' also in {tensors[t.name].path}")
+            tensors[t.name] = t
+    return [tensors[k] for k in sorted(tensors)]
+
+
+def _load(t: _SourceTensor) -> np.ndarray:
+    mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=t.begin, shape=(t.end - t.begin,))
+    arr = np.frombuffer(mm, dtype=_ST_DTYPES[t.dtype]).reshape(t.shape)
+    if t.dtype == "BF16":
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(arr, dtype=np.float32)
+
+
+# ---------------------------------------------------------------- GGUF writing
+
+
+def _target_layout(t: _SourceTensor, quant: str) -> tuple[tuple[int, ...], str]:
+    """Stored numpy shape and type name ("f32" or "f16") of one tensor."""
+    shape = t.shape
+    if t.name.endswith(".weight") and len(shape) >= 3:
+        shape = (shape[0], int(np.prod(shape[1:])))
+    if len(shape) > 4:
+        raise ConvertError(f"{t.path}: tensor '{t.name}' has {len(shape)} dims; GGUF allows 4")
+    numel = int(np.prod(shape))
+    if (
+        quant == "f16"
+        and t.name.endswith(".weight")
+        and len(shape) == 2
+        and numel >= F16_MIN_ELEMENTS
+    ):
+        return shape, "f16"
+    return shape, "f32"
+
+
+def _add_config(writer, config: dict, prefix: str = "h3r.") -> None:
+    from gguf import GGUFValueType as VT
+
+    for key, value in sorted(config.items()):
+        if key.startswith("_") or value is None:
+            continue
+        name = prefix + key
+        if isinstance(value, bool):
+            writer.add_key_value(name, value, VT.BOOL)
+        elif isinstance(value, int):
+            writer.add_key_value(name, value, VT.INT64)
+        elif isinstance(value, float):
+            writer.add_key_value(name, value, VT.FLOAT64)
+        elif isinstance(value, str):
+            writer.add_key_value(name, value, VT.STRING)
+        elif isinstance(value, (list, tuple)) and value:
+            flat = list(_flatten(value))
+            if all(isinstance(v, bool) for v in flat):
+                writer.add_key_value(name, [int(v) for v in flat], VT.ARRAY, VT.INT64)
+            elif all(isinstance(v, int) for v in flat):
+                writer.add_key_value(name, flat, VT.ARRAY, VT.INT64)
+            elif all(isinstance(v, (int, float)) for v in flat):
+                writer.add_key_value(name, [float(v) for v in flat], VT.ARRAY, VT.FLOAT64)
+            elif all(isinstance(v, str) for v in flat):
+                writer.add_key_value(name, flat, VT.ARRAY, VT.STRING)
+        # nested dicts carry nothing the engine reads
+
+
+def _flatten(values) -> Iterator:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flatten(v)
+        else:
+            yield v
+
+
+def write_component(
+    folder: Path, out_path: Path, arch: str, quant: str, name: str, pipeline: dict
+) -> int:
+    """Write one component's GGUF file atomically; returns its size in bytes."""
+    import gguf
+    from gguf import GGUFValueType as VT
+
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ConvertError(f"{config_path}: missing") from None
+    except json.JSONDecodeError as exc:
+        raise ConvertError(f"{config_path}: not valid JSON: {exc}") from None
+    tensors = _source_tensors(folder)
+
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    writer = gguf.GGUFWriter(tmp, arch)
+    writer.add_name(name)
+    writer.add_key_value("h3r.quant", quant, VT.STRING)
+    _add_config(writer, config)
+    _add_config(writer, pipeline, prefix="h3r.pipeline.")
+    layouts = []
+    for t in tensors:
+        shape, ttype = _target_layout(t, quant)
+        if shape != t.shape:
+            writer.add_key_value(f"h3r.shape.{t.name}", list(t.shape), VT.ARRAY, VT.INT64)
+        dtype = np.dtype(np.float16 if ttype == "f16" else np.float32)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        writer.add_tensor_info(t.name, shape, dtype, nbytes)
+        layouts.append((t, shape, dtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t, shape, dtype in layouts:
+        data = _load(t).reshape(shape)
+        if not np.all(np.isfinite(data)):
+            writer.close()
+            tmp.unlink(missing_ok=True)
+            raise ConvertError(f"{t.path}: tensor '{t.name}' contains NaN or Inf")
+        writer.write_tensor_data(np.ascontiguousarray(data.astype(dtype)))
+    writer.close()
+    os.replace(tmp, out_path)
+    return out_path.stat().st_size
+
+
+def _pipeline_values(src: Path, text_len: int | None) -> dict:
+    """Pipeline-level defaults: h3render.json if the source ships one, else Wan's."""
+    values: dict = {"text_len": DEFAULT_TEXT_LEN, "fps": DEFAULT_FPS}
+    extra = src / "h3render.json"
+    if extra.is_file():
+        values.update(json.loads(extra.read_text()))
+    sched = src / "scheduler" / "scheduler_config.json"
+    if sched.is_file():
+        shift = json.loads(sched.read_text()).get("flow_shift") or json.loads(
+            sched.read_text()
+        ).get("shift")
+        if shift is not None:
+            values.setdefault("shift", float(shift))
+    if text_len is not None:
+        values["text_len"] = int(text_len)
+    return values
+
+
+def convert_pipeline(
+    src: Path | str,
+    dst: Path | str,
+    quants: list[str] | tuple[str, ...] = ("f16",),
+    *,
+    name: str | None = None,
+    text_len: int | None = None,
+) -> ConvertReport:
+    """Convert `src` (diffusers layout) into the model directory `dst`.
+
+    Raises ConvertError naming the file and the problem when the source is
+    unusable or a quant level is unknown.
+    """
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        raise ConvertError(f"{src}: not a directory")
+    quants = [q.strip().lower() for q in quants if q.strip()]
+    for q in quants:
+        if q not in QUANT_LEVELS:
+            raise ConvertError(f"quant level '{q}' is not supported; choose from {', '.join(QUANT_LEVELS)}")
+    if not quants:
+        raise ConvertError(f"no quant level given; choose from {', '.join(QUANT_LEVELS)}")
+    present = [c for c in COMPONENTS if (src / c).is_dir()]
+    if not present:
+        raise ConvertError(f"{src}: none of {', '.join(COMPONENTS)} found (is it a diffusers pipeline folder?)")
+
+    name = name or src.name
+    pipeline = _pipeline_values(src, text_len)
+    dst.mkdir(parents=True, exist_ok=True)
+    report = ConvertReport(dst)
+    for component in present:
+        for level in sorted({component_quant(component, q) for q in quants}):
+            out = dst / f"{component}-{level}.gguf"
+            report.files[out.name] = write_component(
+                src / component, out, COMPONENTS[component], level, name, pipeline
+            )
+
+    tok = src / "tokenizer" / "tokenizer.json"
+    if tok.is_file():
+        shutil.copyfile(tok, dst / "tokenizer.json")
+        report.files["tokenizer.json"] = tok.stat().st_size
+    levels = sorted(
+        {p.name[len("transformer-") : -len(".gguf")] for p in dst.glob("transformer-*.gguf")}
+    )
+    model = {
+        "name": name,
+        "architecture": "wan2.1",
+        "quant_levels": levels,
+        "pipeline": pipeline,
+        "source": src.name,
+    }
+    tmp = dst / "model.json.tmp"
+    tmp.write_text(json.dumps(model, indent=2) + "\n")
+    os.replace(tmp, dst / "model.json")
+    return report
