@@ -132,8 +132,13 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req);
 typedef void (*h3r_tap_fn)(void *user, const char *name, const float *data, int64_t n);
 H3R_API void h3r_set_tap(h3r_engine *e, h3r_tap_fn fn, void *user);
 
+/* quant selects the component file for the component entry points below:
+ * "f32" or "f16" (the file text_encoder-<quant>.gguf / vae-<quant>.gguf), or NULL
+ * for the most precise file present. */
+
 /* ids (n,) -> out (text_len, text_dim); rows past n are zero, as Wan's pipeline pads. */
-H3R_API int h3r_encode_text(h3r_engine *e, const int32_t *ids, int n, float *out, int64_t n_out);
+H3R_API int h3r_encode_text(h3r_engine *e, const char *quant, const int32_t *ids, int n,
+                            float *out, int64_t n_out);
 
 /* One DiT forward.  x (C, T', H', W'), timestep scalar, context (text_len, text_dim)
  * -> out (C, T', H', W') flow prediction. */
@@ -143,8 +148,8 @@ H3R_API int h3r_dit_forward(h3r_engine *e, const char *quant, const float *x, in
 
 /* VAE decode of de-normalised latents z (C, T', H', W') -> video (3, F, H, W) in [-1, 1],
  * F = 1 + 4*(T'-1), H = 8*H', W = 8*W'. */
-H3R_API int h3r_vae_decode(h3r_engine *e, const float *z, int c, int t, int h, int w,
-                           float *out, int64_t n_out);
+H3R_API int h3r_vae_decode(h3r_engine *e, const char *quant, const float *z, int c, int t,
+                           int h, int w, float *out, int64_t n_out);
 
 /* Sigma schedule as the sampler uses it: sigmas (steps+1,), timesteps (steps,). */
 H3R_API int h3r_schedule(int sampler, int steps, float shift, float *sigmas, float *timesteps);

@@ -122,14 +122,14 @@ def _declare(lib: C.CDLL) -> None:
         "h3r_info_json": ([P], C.c_char_p),
         "h3r_generate": ([P, C.POINTER(_Request)], C.c_int),
         "h3r_set_tap": ([P, TAP_FN, P], None),
-        "h3r_encode_text": ([P, _I32P, C.c_int, _F32P, C.c_int64], C.c_int),
+        "h3r_encode_text": ([P, C.c_char_p, _I32P, C.c_int, _F32P, C.c_int64], C.c_int),
         "h3r_dit_forward": (
             [P, C.c_char_p, _F32P, C.c_int, C.c_int, C.c_int, C.c_int, C.c_float, _F32P,
              C.c_int, _F32P],
             C.c_int,
         ),
         "h3r_vae_decode": (
-            [P, _F32P, C.c_int, C.c_int, C.c_int, C.c_int, _F32P, C.c_int64],
+            [P, C.c_char_p, _F32P, C.c_int, C.c_int, C.c_int, C.c_int, _F32P, C.c_int64],
             C.c_int,
         ),
         "h3r_schedule": ([C.c_int, C.c_int, C.c_float, _F32P, _F32P], C.c_int),
@@ -279,13 +279,14 @@ class Engine:
         self._tap_keepalive = TAP_FN(tap)
         self._lib.h3r_set_tap(self._handle(), self._tap_keepalive, None)
 
-    def encode_text(self, ids) -> np.ndarray:
+    def encode_text(self, ids, quant: str | None = None) -> np.ndarray:
+        """Token ids -> (text_len, text_dim); quant picks text_encoder-<quant>.gguf."""
         info = self.info()
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         out = np.zeros((info["text_len"], info["text_dim"]), np.float32)
         self._check(
             self._lib.h3r_encode_text(
-                self._handle(), _ptr(ids, C.c_int32), len(ids), _ptr(out), out.size
+                self._handle(), _q(quant), _ptr(ids, C.c_int32), len(ids), _ptr(out), out.size
             )
         )
         return out
@@ -307,7 +308,8 @@ class Engine:
         )
         return out
 
-    def vae_decode(self, z: np.ndarray) -> np.ndarray:
+    def vae_decode(self, z: np.ndarray, quant: str | None = None) -> np.ndarray:
+        """De-normalised latents (C, T, H, W) -> video (3, F, H, W) in [-1, 1]."""
         z = _f32(z)
         if z.ndim != 4:
             raise InvalidRequestError(f"vae_decode wants z (C, T, H, W); got {z.shape}")
@@ -316,7 +318,9 @@ class Engine:
         st, sy, sx = info["vae_stride"]
         out = np.zeros((3, 1 + st * (t - 1), sy * h, sx * w), np.float32)
         self._check(
-            self._lib.h3r_vae_decode(self._handle(), _ptr(z), c, t, h, w, _ptr(out), out.size)
+            self._lib.h3r_vae_decode(
+                self._handle(), _q(quant), _ptr(z), c, t, h, w, _ptr(out), out.size
+            )
         )
         return out
 
@@ -392,6 +396,10 @@ class Engine:
             raise pending[0]
         self._check(rc)
         return GenerateResult(frames=req.frames, latents=out_latents)
+
+
+def _q(quant: str | None) -> bytes | None:
+    return None if quant is None else quant.encode()
 
 
 def _opt(value) -> str:
