@@ -87,6 +87,19 @@ class Settings(BaseSettings):
     admission_poll_s: float = Field(30.0, gt=0)
 
     # ---- Worker engineer's additions below this line ----
+    # Swap counts only once this much is in use (macOS grows swap files on demand,
+    # so a small swap is often "mostly used" without any pressure).
+    gate_swap_used_min_bytes: int = Field(1024**3, ge=0)
+    # macOS: physical memory held by the compressor, as a fraction of RAM; hold above.
+    gate_max_compressor_fraction: float = Field(0.30, ge=0, le=1)
+    # Linux thermal zones / psutil sensors the gate watches, chosen by type (a regex).
+    gate_thermal_zone_pattern: str = r"x86_pkg|cpu|soc|coretemp|k10temp|zenpower|package|tcpu|b0d4"
+    # How often a running job re-checks heat between steps, and how long it may pause.
+    thermal_pause_poll_s: float = Field(10.0, gt=0)
+    thermal_pause_max_s: float = Field(3600.0, ge=0, description="then fail retryably")
+    # Seconds a worker's host lock lives without a refresh (one worker per host+Redis).
+    worker_lock_ttl_s: int = Field(60, gt=5)
+    # ---- end of worker engineer's additions ----
 
     @field_validator("retry_intervals_s")
     @classmethod
