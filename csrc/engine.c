@@ -1,0 +1,778 @@
+/*
+ * engine.c: the public ABI (h3render.h) of the CPU engine.
+ *
+ * A model directory holds one GGUF file per component and quant level:
+ *   transformer-<q>.gguf   the Wan DiT, one per quant level the user converted
+ *   text_encoder-<q>.gguf  UMT5, f32 or f16
+ *   vae-<q>.gguf           the Wan VAE, f32 or f16
+ * h3r_open maps and validates every file it finds (headers, config, tensor
+ * shapes), so a bad file fails at open with a message naming it, never in the
+ * middle of a night's queue. Every component is optional at open; a render
+ * needs all three.
+ *
+ * Lifetimes, as llama2.c splits them:
+ *   h3r_engine      the directory, the mapped files and loaded components
+ *                   (read-only weights), the thread pool, the last error;
+ *   one generate()  context, latents, sampler history, decoded video: all
+ *                   allocated at the start of the call and freed before it
+ *                   returns, so nothing leaks into the next job.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "models.h"
+
+#define H3R_ENGINE_NAME "h3render-cpu"
+#define H3R_ENGINE_VERSION "0.1.0"
+#define MAX_LEVELS 8      /* DiT quant levels in one directory */
+#define QUANT_NAME_MAX 16
+#define ERR_MAX 1024
+
+typedef struct {
+    char quant[QUANT_NAME_MAX];
+    gguf_file *file;
+    void *model;          /* wan_dit, umt5 or wan_vae */
+} component;
+
+struct h3r_engine {
+    char dir[PATH_MAX];
+    char name[128];
+    h3r_pool *pool;
+    int threads;
+    char err[ERR_MAX];
+    char *info_json;
+
+    component dit[MAX_LEVELS];
+    int n_dit;
+    component te[MAX_LEVELS];
+    int n_te;
+    component vae[MAX_LEVELS];
+    int n_vae;
+
+    /* pipeline values stored by the converter (h3r.pipeline.*) */
+    int text_len;
+    int fps;
+    int vae_stride_t, vae_stride_s;
+
+    h3r_tap_fn tap;
+    void *tap_user;
+};
+
+/* ---------------------------------------------------------------- errors */
+
+static int fail(h3r_engine *e, int code) {
+    if (e) snprintf(e->err, sizeof(e->err), "%s", h3r_tls_error());
+    return code;
+}
+
+H3R_API int h3r_abi_version(void) { return H3R_ABI_VERSION; }
+
+H3R_API const char *h3r_last_error(const h3r_engine *e) {
+    return e ? e->err : h3r_tls_error();
+}
+
+/* ---------------------------------------------------------------- opening */
+
+/* Precision rank of a quant level name: lower is more precise. */
+static int quant_rank(const char *q) {
+    static const char *order[] = {"f32", "f16", "q8_0", "q6_k", "q4_k", "q4_0"};
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
+        if (strcmp(q, order[i]) == 0) return (int)i;
+    return 100;
+}
+
+static int cmp_component(const void *a, const void *b) {
+    const component *x = a, *y = b;
+    int d = quant_rank(x->quant) - quant_rank(y->quant);
+    return d ? d : strcmp(x->quant, y->quant);
+}
+
+/* Parse "<prefix>-<quant>.gguf"; 1 and the quant on a match. */
+static int match_file(const char *fname, const char *prefix, char quant[QUANT_NAME_MAX]) {
+    size_t pl = strlen(prefix), fl = strlen(fname);
+    if (fl <= pl + 1 + 5 || strncmp(fname, prefix, pl) != 0 || fname[pl] != '-') return 0;
+    if (strcmp(fname + fl - 5, ".gguf") != 0) return 0;
+    size_t ql = fl - pl - 1 - 5;
+    if (ql == 0 || ql >= QUANT_NAME_MAX) return 0;
+    memcpy(quant, fname + pl + 1, ql);
+    quant[ql] = 0;
+    for (size_t i = 0; i < ql; i++) {
+        char c = quant[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return 0;
+    }
+    return 1;
+}
+
+static void free_component(component *c, void (*free_model)(void *)) {
+    if (c->model) free_model(c->model);
+    if (c->file) gguf_close(c->file);
+    c->model = NULL;
+    c->file = NULL;
+}
+
+static void dit_free_v(void *m) { wan_dit_free(m); }
+static void umt5_free_v(void *m) { umt5_free(m); }
+static void vae_free_v(void *m) { wan_vae_free(m); }
+
+/* Open and validate one component file; on failure the message names the file. */
+static int load_component(h3r_engine *e, const char *fname, const char *kind, component *c) {
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof(path), "%s/%s", e->dir, fname);
+    int rc = gguf_open(path, &c->file);
+    if (rc) return rc;
+    if (strcmp(kind, "transformer") == 0) rc = wan_dit_load(c->file, (wan_dit **)&c->model);
+    else if (strcmp(kind, "text_encoder") == 0) rc = umt5_load(c->file, (umt5 **)&c->model);
+    else rc = wan_vae_load(c->file, (wan_vae **)&c->model);
+    if (rc) {
+        gguf_close(c->file);
+        c->file = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+static void read_pipeline_values(h3r_engine *e, const gguf_file *g) {
+    int64_t v;
+    const char *s;
+    size_t len;
+    if (gguf_has_key(g, "h3r.pipeline.text_len") && gguf_get_int(g, "h3r.pipeline.text_len", &v) == 0 &&
+        v > 0 && v <= 65536)
+        e->text_len = (int)v;
+    if (gguf_has_key(g, "h3r.pipeline.fps") && gguf_get_int(g, "h3r.pipeline.fps", &v) == 0 && v > 0 &&
+        v <= 1000)
+        e->fps = (int)v;
+    if (!e->name[0] && gguf_has_key(g, "general.name") && gguf_get_str(g, "general.name", &s, &len) == 0) {
+        if (len >= sizeof(e->name)) len = sizeof(e->name) - 1;
+        memcpy(e->name, s, len);
+        e->name[len] = 0;
+    }
+}
+
+/* Wan VAE: temporal stride 2^(number of temporal downsamples), spatial stride
+ * 2^(number of downsample stages), as diffusers' WanPipeline computes them. */
+static void read_vae_strides(h3r_engine *e, const gguf_file *g) {
+    int64_t td[16];
+    int n = 0;
+    if (gguf_has_key(g, "h3r.temperal_downsample") &&
+        gguf_get_int_array(g, "h3r.temperal_downsample", td, 16, &n) == 0 && n > 0) {
+        int st = 1;
+        for (int i = 0; i < n; i++) st *= td[i] ? 2 : 1;
+        e->vae_stride_t = st;
+        e->vae_stride_s = 1 << n;
+    }
+}
+
+H3R_API int h3r_open(const char *model_dir, int threads, h3r_engine **out) {
+    h3r_clear_error();
+    if (!out) return h3r_seterr(H3R_ERR_INVALID, "h3r_open: out is NULL");
+    *out = NULL;
+    if (!model_dir || !*model_dir) return h3r_seterr(H3R_ERR_INVALID, "h3r_open: empty model directory");
+    if (strlen(model_dir) >= PATH_MAX) return h3r_seterr(H3R_ERR_INVALID, "h3r_open: path too long");
+
+    DIR *d = opendir(model_dir);
+    if (!d) return h3r_seterr(H3R_ERR_IO, "%s: cannot open model directory: %s", model_dir, strerror(errno));
+
+    h3r_engine *e = calloc(1, sizeof(*e));
+    if (!e) {
+        closedir(d);
+        return h3r_seterr(H3R_ERR_NOMEM, "h3r_open: out of memory");
+    }
+    snprintf(e->dir, sizeof(e->dir), "%s", model_dir);
+    e->text_len = 512;
+    e->fps = 16;
+    e->vae_stride_t = 4;
+    e->vae_stride_s = 8;
+
+    int rc = 0;
+    struct dirent *ent;
+    static const char *kinds[3] = {"transformer", "text_encoder", "vae"};
+    while (rc == 0 && (ent = readdir(d)) != NULL) {
+        char quant[QUANT_NAME_MAX];
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            if (!match_file(ent->d_name, kinds[k], quant)) continue;
+            component *list = k == 0 ? e->dit : k == 1 ? e->te : e->vae;
+            int *n = k == 0 ? &e->n_dit : k == 1 ? &e->n_te : &e->n_vae;
+            if (*n >= MAX_LEVELS) {
+                rc = h3r_seterr(H3R_ERR_FORMAT, "%s: more than %d %s files", model_dir, MAX_LEVELS, kinds[k]);
+                break;
+            }
+            component *c = &list[*n];
+            snprintf(c->quant, sizeof(c->quant), "%s", quant);
+            rc = load_component(e, ent->d_name, kinds[k], c);
+            if (rc == 0) (*n)++;
+        }
+    }
+    closedir(d);
+    if (rc == 0 && e->n_dit + e->n_te + e->n_vae == 0)
+        rc = h3r_seterr(H3R_ERR_IO,
+                        "%s: no model files (expected transformer-<quant>.gguf, text_encoder-<quant>.gguf, "
+                        "vae-<quant>.gguf; convert a checkpoint with `h3render convert`)",
+                        model_dir);
+    if (rc) {
+        h3r_close(e);
+        return rc;
+    }
+    qsort(e->dit, e->n_dit, sizeof(component), cmp_component);
+    qsort(e->te, e->n_te, sizeof(component), cmp_component);
+    qsort(e->vae, e->n_vae, sizeof(component), cmp_component);
+    for (int i = 0; i < e->n_dit; i++) read_pipeline_values(e, e->dit[i].file);
+    for (int i = 0; i < e->n_te; i++) read_pipeline_values(e, e->te[i].file);
+    if (e->n_vae) read_vae_strides(e, e->vae[0].file);
+    if (!e->name[0]) {
+        const char *base = strrchr(e->dir, '/');
+        snprintf(e->name, sizeof(e->name), "%s", base ? base + 1 : e->dir);
+    }
+
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    e->threads = threads;
+    e->pool = h3r_pool_create(threads);
+    if (!e->pool) {
+        rc = H3R_ERR_NOMEM;
+        h3r_close(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+H3R_API void h3r_close(h3r_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_dit; i++) free_component(&e->dit[i], dit_free_v);
+    for (int i = 0; i < e->n_te; i++) free_component(&e->te[i], umt5_free_v);
+    for (int i = 0; i < e->n_vae; i++) free_component(&e->vae[i], vae_free_v);
+    /* a component that failed to load mid-way is already closed by load_component */
+    if (e->pool) h3r_pool_free(e->pool);
+    free(e->info_json);
+    free(e);
+}
+
+H3R_API void h3r_set_tap(h3r_engine *e, h3r_tap_fn fn, void *user) {
+    if (!e) return;
+    e->tap = fn;
+    e->tap_user = user;
+}
+
+/* ---------------------------------------------------------------- selection */
+
+static component *find_quant(component *list, int n, const char *quant) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(list[i].quant, quant) == 0) return &list[i];
+    return NULL;
+}
+
+/* The DiT file for a quant level, or an error listing what exists. */
+static int pick_dit(h3r_engine *e, const char *quant, component **out) {
+    if (e->n_dit == 0)
+        return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s: no transformer-<quant>.gguf in the model directory", e->dir);
+    if (!quant || !*quant) {
+        *out = &e->dit[0];
+        return 0;
+    }
+    component *c = find_quant(e->dit, e->n_dit, quant);
+    if (c) {
+        *out = c;
+        return 0;
+    }
+    char have[256] = "";
+    for (int i = 0; i < e->n_dit; i++) {
+        strncat(have, i ? ", " : "", sizeof(have) - strlen(have) - 1);
+        strncat(have, e->dit[i].quant, sizeof(have) - strlen(have) - 1);
+    }
+    return h3r_seterr(H3R_ERR_UNSUPPORTED, "quant=%s is not available for model %s; available: %s", quant,
+                      e->name, have);
+}
+
+/* Text encoder and VAE: the requested level if present, else f16 for any
+ * level other than f32, else the most precise file present. */
+static int pick_small(h3r_engine *e, component *list, int n, const char *what, const char *quant,
+                      int explicit_only, component **out) {
+    if (n == 0) return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s: no %s-<quant>.gguf in the model directory", e->dir, what);
+    if (quant && *quant) {
+        component *c = find_quant(list, n, quant);
+        if (c) {
+            *out = c;
+            return 0;
+        }
+        if (explicit_only)
+            return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s-%s.gguf is not in %s", what, quant, e->dir);
+        if (strcmp(quant, "f32") != 0 && (c = find_quant(list, n, "f16")) != NULL) {
+            *out = c;
+            return 0;
+        }
+    }
+    *out = &list[0];
+    return 0;
+}
+
+static h3r_pool *pool_for(h3r_engine *e, int threads, h3r_pool **temp) {
+    *temp = NULL;
+    if (threads <= 0 || threads == h3r_pool_size(e->pool)) return e->pool;
+    *temp = h3r_pool_create(threads);
+    return *temp;
+}
+
+/* ---------------------------------------------------------------- info */
+
+static int appendf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+        va_end(ap);
+        if (n < 0) return -1;
+        if (*len + (size_t)n < *cap) {
+            *len += (size_t)n;
+            return 0;
+        }
+        size_t ncap = (*cap + (size_t)n + 1) * 2;
+        char *nb = realloc(*buf, ncap);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = ncap;
+    }
+}
+
+/* JSON-escape a string from a model file (it is untrusted). */
+static int append_json_str(char **buf, size_t *len, size_t *cap, const char *s) {
+    if (appendf(buf, len, cap, "\"")) return -1;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        int r = (c == '"' || c == '\\') ? appendf(buf, len, cap, "\\%c", c)
+                : c < 0x20             ? appendf(buf, len, cap, "\\u%04x", c)
+                                       : appendf(buf, len, cap, "%c", c);
+        if (r) return -1;
+    }
+    return appendf(buf, len, cap, "\"");
+}
+
+static int get_default(const h3r_engine *e, const char *key, double *out) {
+    const gguf_file *g = e->n_dit ? e->dit[0].file : e->n_te ? e->te[0].file : NULL;
+    if (!g || !gguf_has_key(g, key)) return -1;
+    int64_t iv;
+    if (gguf_get_float(g, key, out) == 0) return 0;
+    if (gguf_get_int(g, key, &iv) == 0) {
+        *out = (double)iv;
+        return 0;
+    }
+    return -1;
+}
+
+H3R_API const char *h3r_info_json(h3r_engine *e) {
+    if (!e) return NULL;
+    if (e->info_json) return e->info_json;
+    size_t len = 0, cap = 1024;
+    char *b = malloc(cap);
+    if (!b) {
+        h3r_seterr(H3R_ERR_NOMEM, "h3r_info_json: out of memory");
+        fail(e, H3R_ERR_NOMEM);
+        return NULL;
+    }
+    b[0] = 0;
+    int patch[3] = {1, 2, 2};
+    int in_ch = 16, text_dim = 0;
+    if (e->n_dit) {
+        wan_dit_patch_size(e->dit[0].model, patch);
+        in_ch = wan_dit_in_channels(e->dit[0].model);
+        text_dim = wan_dit_text_dim(e->dit[0].model);
+    } else if (e->n_vae) {
+        in_ch = wan_vae_z_dim(e->vae[0].model);
+    }
+    if (e->n_te) text_dim = umt5_d_model(e->te[0].model);
+    int r = 0;
+    r |= appendf(&b, &len, &cap, "{\"engine\":\"%s\",\"engine_version\":\"%s\",\"abi\":%d,\"model\":",
+                 H3R_ENGINE_NAME, H3R_ENGINE_VERSION, H3R_ABI_VERSION);
+    r |= append_json_str(&b, &len, &cap, e->name);
+    r |= appendf(&b, &len, &cap, ",\"quant_levels\":[");
+    for (int i = 0; i < e->n_dit; i++) {
+        r |= appendf(&b, &len, &cap, i ? "," : "");
+        r |= append_json_str(&b, &len, &cap, e->dit[i].quant);
+    }
+    r |= appendf(&b, &len, &cap, "],\"weight_bytes\":{");
+    for (int i = 0; i < e->n_dit; i++) {
+        component *te = NULL, *vae = NULL;
+        size_t bytes = gguf_mapped_bytes(e->dit[i].file);
+        if (e->n_te && pick_small(e, e->te, e->n_te, "text_encoder", e->dit[i].quant, 0, &te) == 0)
+            bytes += gguf_mapped_bytes(te->file);
+        if (e->n_vae && pick_small(e, e->vae, e->n_vae, "vae", e->dit[i].quant, 0, &vae) == 0)
+            bytes += gguf_mapped_bytes(vae->file);
+        r |= appendf(&b, &len, &cap, "%s\"%s\":%zu", i ? "," : "", e->dit[i].quant, bytes);
+    }
+    r |= appendf(&b, &len, &cap,
+                 "},\"frame_rule\":{\"multiple\":%d,\"offset\":1},\"size_multiple\":%d,\"max_pixels\":0,"
+                 "\"fps\":%d,\"prompt\":\"token_ids\",\"text_len\":%d,\"text_dim\":%d,\"latent_channels\":%d,"
+                 "\"vae_stride\":[%d,%d,%d],\"patch_size\":[%d,%d,%d],\"threads\":%d,"
+                 "\"samplers\":[\"unipc\",\"euler\"],"
+                 "\"components\":{\"transformer\":%s,\"text_encoder\":%s,\"vae\":%s},\"defaults\":{",
+                 e->vae_stride_t * patch[0], e->vae_stride_s * (patch[1] > patch[2] ? patch[1] : patch[2]),
+                 e->fps, e->text_len, text_dim, in_ch, e->vae_stride_t, e->vae_stride_s, e->vae_stride_s,
+                 patch[0], patch[1], patch[2], h3r_pool_size(e->pool), e->n_dit ? "true" : "false",
+                 e->n_te ? "true" : "false", e->n_vae ? "true" : "false");
+    static const char *keys[] = {"width", "height", "frames", "steps", "guidance", "shift"};
+    int first = 1;
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        char key[64];
+        double v;
+        snprintf(key, sizeof(key), "h3r.pipeline.%s", keys[i]);
+        if (get_default(e, key, &v) == 0 && isfinite(v)) {
+            r |= appendf(&b, &len, &cap, "%s\"%s\":%.9g", first ? "" : ",", keys[i], v);
+            first = 0;
+        }
+    }
+    r |= appendf(&b, &len, &cap, "}}");
+    if (r) {
+        free(b);
+        h3r_seterr(H3R_ERR_NOMEM, "h3r_info_json: out of memory");
+        fail(e, H3R_ERR_NOMEM);
+        return NULL;
+    }
+    e->info_json = b;
+    return b;
+}
+
+/* ---------------------------------------------------------------- components */
+
+H3R_API int h3r_encode_text(h3r_engine *e, const char *quant, const int32_t *ids, int n, float *out,
+                            int64_t n_out) {
+    h3r_clear_error();
+    if (!e || !out || (n > 0 && !ids)) return h3r_seterr(H3R_ERR_INVALID, "h3r_encode_text: NULL argument");
+    component *te;
+    int rc = pick_small(e, e->te, e->n_te, "text_encoder", quant, 1, &te);
+    if (rc) return fail(e, rc);
+    int dim = umt5_d_model(te->model);
+    if (n < 0 || n > e->text_len) {
+        h3r_seterr(H3R_ERR_INVALID, "prompt has %d tokens; the model takes at most text_len=%d", n, e->text_len);
+        return fail(e, H3R_ERR_INVALID);
+    }
+    if (n_out != (int64_t)e->text_len * dim) {
+        h3r_seterr(H3R_ERR_INVALID, "h3r_encode_text: output holds %lld floats, needs text_len*dim = %d*%d",
+                   (long long)n_out, e->text_len, dim);
+        return fail(e, H3R_ERR_INVALID);
+    }
+    memset(out, 0, (size_t)n_out * sizeof(float));
+    if (n == 0) return 0;
+    rc = umt5_encode(te->model, e->pool, ids, n, out, e->tap, e->tap_user);
+    return rc ? fail(e, rc) : 0;
+}
+
+H3R_API int h3r_dit_forward(h3r_engine *e, const char *quant, const float *x, int c, int t, int h, int w,
+                            float timestep, const float *context, int n_ctx, float *out) {
+    h3r_clear_error();
+    if (!e || !x || !context || !out) return h3r_seterr(H3R_ERR_INVALID, "h3r_dit_forward: NULL argument");
+    component *dit;
+    int rc = pick_dit(e, quant, &dit);
+    if (rc) return fail(e, rc);
+    rc = wan_dit_forward(dit->model, e->pool, x, c, t, h, w, timestep, context, n_ctx, out, e->tap, e->tap_user);
+    return rc ? fail(e, rc) : 0;
+}
+
+H3R_API int h3r_vae_decode(h3r_engine *e, const char *quant, const float *z, int c, int t, int h, int w,
+                           float *out, int64_t n_out) {
+    h3r_clear_error();
+    if (!e || !z || !out) return h3r_seterr(H3R_ERR_INVALID, "h3r_vae_decode: NULL argument");
+    component *vae;
+    int rc = pick_small(e, e->vae, e->n_vae, "vae", quant, 1, &vae);
+    if (rc) return fail(e, rc);
+    if (c <= 0 || t <= 0 || h <= 0 || w <= 0) {
+        h3r_seterr(H3R_ERR_INVALID, "h3r_vae_decode: latent shape (%d, %d, %d, %d) must be positive", c, t, h, w);
+        return fail(e, H3R_ERR_INVALID);
+    }
+    int64_t need = 3LL * (1 + (int64_t)e->vae_stride_t * (t - 1)) * ((int64_t)e->vae_stride_s * h) *
+                   ((int64_t)e->vae_stride_s * w);
+    if (n_out != need) {
+        h3r_seterr(H3R_ERR_INVALID, "h3r_vae_decode: output holds %lld floats, the video needs %lld",
+                   (long long)n_out, (long long)need);
+        return fail(e, H3R_ERR_INVALID);
+    }
+    rc = wan_vae_decode(vae->model, e->pool, z, c, t, h, w, out, NULL, NULL, e->tap, e->tap_user);
+    return rc ? fail(e, rc) : 0;
+}
+
+/* ---------------------------------------------------------------- generate */
+
+typedef struct {
+    const h3r_request *req;
+    int crash_at_step;       /* test trigger, -1 when off */
+} gen_opts;
+
+/* Parse "key=value;..." engine options. Unknown keys are an error, so a typo
+ * in a sweep does not silently render with defaults. */
+static int parse_options(const char *opts, gen_opts *o) {
+    o->crash_at_step = -1;
+    if (!opts || !*opts) return 0;
+    const char *p = opts;
+    while (*p) {
+        const char *end = strchr(p, ';');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[256];
+        if (len >= sizeof(item)) return h3r_seterr(H3R_ERR_INVALID, "engine option too long: %.40s...", p);
+        memcpy(item, p, len);
+        item[len] = 0;
+        char *eq = strchr(item, '=');
+        if (len > 0) {
+            if (!eq) return h3r_seterr(H3R_ERR_INVALID, "engine option '%s' is not key=value", item);
+            *eq = 0;
+            const char *key = item, *val = eq + 1;
+            if (strcmp(key, "test_crash_at_step") == 0) {
+                const char *gate = getenv("H3RENDER_ENABLE_TEST_TRIGGERS");
+                if (!gate || strcmp(gate, "1") != 0)
+                    return h3r_seterr(H3R_ERR_INVALID,
+                                      "engine option test_crash_at_step is a test trigger; it needs "
+                                      "H3RENDER_ENABLE_TEST_TRIGGERS=1 in the worker's environment");
+                char *ep;
+                long v = strtol(val, &ep, 10);
+                if (*ep || v < 0 || v > 100000)
+                    return h3r_seterr(H3R_ERR_INVALID, "test_crash_at_step=%s is not a step number", val);
+                o->crash_at_step = (int)v;
+            } else {
+                return h3r_seterr(H3R_ERR_INVALID,
+                                  "engine option '%s' is not known to the CPU engine (known: test_crash_at_step)", key);
+            }
+        }
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+static int validate_request(h3r_engine *e, const h3r_request *r, int patch[3]) {
+    if (r->struct_size < sizeof(h3r_request))
+        return h3r_seterr(H3R_ERR_INVALID, "request struct is %u bytes; this engine needs %zu (ABI %d)",
+                          r->struct_size, sizeof(h3r_request), H3R_ABI_VERSION);
+    int mult = e->vae_stride_s * (patch[1] > patch[2] ? patch[1] : patch[2]);
+    int fmul = e->vae_stride_t * patch[0];
+    if (r->width <= 0 || r->width % mult)
+        return h3r_seterr(H3R_ERR_INVALID, "width=%d must be a positive multiple of %d (nearest: %d)", r->width,
+                          mult, r->width <= mult ? mult : (r->width + mult / 2) / mult * mult);
+    if (r->height <= 0 || r->height % mult)
+        return h3r_seterr(H3R_ERR_INVALID, "height=%d must be a positive multiple of %d (nearest: %d)",
+                          r->height, mult, r->height <= mult ? mult : (r->height + mult / 2) / mult * mult);
+    if (r->frames <= 0 || (r->frames - 1) % fmul)
+        return h3r_seterr(H3R_ERR_INVALID, "frames=%d must be %dk+1 (nearest: %d or %d)", r->frames, fmul,
+                          r->frames <= 1 ? 1 : (r->frames - 1) / fmul * fmul + 1, ((r->frames - 1) / fmul + 1) * fmul + 1);
+    if (r->steps <= 0 || r->steps > 1000)
+        return h3r_seterr(H3R_ERR_INVALID, "steps=%d must be between 1 and 1000", r->steps);
+    if (!isfinite(r->guidance) || r->guidance < 0 || r->guidance > 100)
+        return h3r_seterr(H3R_ERR_INVALID, "guidance=%g must be between 0 and 100", r->guidance);
+    if (!isfinite(r->shift) || r->shift <= 0 || r->shift > 100)
+        return h3r_seterr(H3R_ERR_INVALID, "shift=%g must be greater than 0 and at most 100", r->shift);
+    if (r->sampler != H3R_SAMPLER_UNIPC && r->sampler != H3R_SAMPLER_EULER)
+        return h3r_seterr(H3R_ERR_INVALID, "sampler=%d is not known (0 unipc, 1 euler)", r->sampler);
+    if (r->n_prompt_ids < 0 || (r->n_prompt_ids > 0 && !r->prompt_ids))
+        return h3r_seterr(H3R_ERR_INVALID, "prompt_ids: %d ids but no array", r->n_prompt_ids);
+    if (r->n_negative_ids < 0 || (r->n_negative_ids > 0 && !r->negative_ids))
+        return h3r_seterr(H3R_ERR_INVALID, "negative_ids: %d ids but no array", r->n_negative_ids);
+    if (r->preview_every < 0) return h3r_seterr(H3R_ERR_INVALID, "preview_every=%d must be >= 0", r->preview_every);
+    return 0;
+}
+
+static int has_nonfinite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 1;
+    return 0;
+}
+
+static inline uint8_t to_u8(float v) {
+    /* diffusers' postprocess: (x / 2 + 0.5).clamp(0, 1), then x * 255 rounded */
+    float u = v / 2.0f + 0.5f;
+    u = u < 0.0f ? 0.0f : u > 1.0f ? 1.0f : u;
+    return (uint8_t)lrintf(u * 255.0f);
+}
+
+/* Convert frame f of a (3, F, H, W) video in [-1, 1] to (H, W, 3) uint8. */
+static void frame_to_rgb(const float *video, int F, int H, int W, int f, uint8_t *rgb) {
+    const int64_t plane = (int64_t)F * H * W;
+    const float *r = video + (int64_t)f * H * W;
+    for (int64_t i = 0; i < (int64_t)H * W; i++) {
+        rgb[3 * i + 0] = to_u8(r[i]);
+        rgb[3 * i + 1] = to_u8(r[plane + i]);
+        rgb[3 * i + 2] = to_u8(r[2 * plane + i]);
+    }
+}
+
+typedef struct {
+    const h3r_request *req;
+} vae_progress_ctx;
+
+static int vae_progress(void *user, int done, int total) {
+    const h3r_request *req = ((vae_progress_ctx *)user)->req;
+    return req->on_progress ? req->on_progress(req->user, H3R_PHASE_DECODE, done, total) : 0;
+}
+
+/* Encode ids into a zero-padded (text_len, dim) context. */
+static int encode_context(h3r_engine *e, component *te, h3r_pool *pool, const int32_t *ids, int n, float *ctx) {
+    if (n > e->text_len)
+        return h3r_seterr(H3R_ERR_INVALID, "prompt has %d tokens; the model takes at most text_len=%d", n, e->text_len);
+    memset(ctx, 0, (size_t)e->text_len * umt5_d_model(te->model) * sizeof(float));
+    if (n == 0) return 0;
+    return umt5_encode(te->model, pool, ids, n, ctx, e->tap, e->tap_user);
+}
+
+/*
+ * One render: encode prompt (and negative prompt when guidance > 1), draw or
+ * take the initial noise, run the sampler with classifier-free guidance
+ *     v = v_neg + guidance * (v_pos - v_neg)
+ * checking the latents for NaN/Inf after every step, de-normalise
+ *     z = x / (1 / latents_std) + latents_mean      (as WanPipeline does)
+ * decode with the VAE and hand every frame to on_frame as RGB uint8.
+ * Returns 0, H3R_ERR_CANCELED when a callback asked to stop, or another
+ * negative code with the message set. Frees everything it allocated.
+ */
+H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
+    h3r_clear_error();
+    if (!e || !req) return h3r_seterr(H3R_ERR_INVALID, "h3r_generate: NULL argument");
+    int rc;
+    component *dit = NULL, *te = NULL, *vae = NULL;
+    if ((rc = pick_dit(e, req->quant, &dit)) || (rc = pick_small(e, e->te, e->n_te, "text_encoder", req->quant, 0, &te)) ||
+        (rc = pick_small(e, e->vae, e->n_vae, "vae", req->quant, 0, &vae)))
+        return fail(e, rc);
+    int patch[3];
+    wan_dit_patch_size(dit->model, patch);
+    gen_opts opts;
+    if ((rc = validate_request(e, req, patch)) || (rc = parse_options(req->options, &opts))) return fail(e, rc);
+
+    const int C = wan_dit_in_channels(dit->model);
+    if (wan_vae_z_dim(vae->model) != C || wan_dit_out_channels(dit->model) != C) {
+        h3r_seterr(H3R_ERR_FORMAT, "%s: transformer channels (%d in, %d out) do not match the VAE's z_dim %d", e->dir,
+                   C, wan_dit_out_channels(dit->model), wan_vae_z_dim(vae->model));
+        return fail(e, H3R_ERR_FORMAT);
+    }
+    if (umt5_d_model(te->model) != wan_dit_text_dim(dit->model)) {
+        h3r_seterr(H3R_ERR_FORMAT, "%s: text encoder width %d does not match the transformer's text_dim %d", e->dir,
+                   umt5_d_model(te->model), wan_dit_text_dim(dit->model));
+        return fail(e, H3R_ERR_FORMAT);
+    }
+    const int T = (req->frames - 1) / e->vae_stride_t + 1;
+    const int Y = req->height / e->vae_stride_s, X = req->width / e->vae_stride_s;
+    const int64_t n = (int64_t)C * T * Y * X;
+    const int D = umt5_d_model(te->model), L = e->text_len;
+    const int cfg = req->guidance > 1.0f;
+    const int F = 1 + e->vae_stride_t * (T - 1), H = req->height, W = req->width;
+
+    if (req->init_latents && req->n_init_latents != n) {
+        h3r_seterr(H3R_ERR_INVALID, "init_latents has %lld values; a %dx%d, %d-frame video needs (%d, %d, %d, %d) = %lld",
+                   (long long)req->n_init_latents, W, H, req->frames, C, T, Y, X, (long long)n);
+        return fail(e, H3R_ERR_INVALID);
+    }
+    if (req->out_latents && req->n_out_latents != n) {
+        h3r_seterr(H3R_ERR_INVALID, "out_latents holds %lld values; needs %lld", (long long)req->n_out_latents,
+                   (long long)n);
+        return fail(e, H3R_ERR_INVALID);
+    }
+
+    h3r_pool *temp_pool;
+    h3r_pool *pool = pool_for(e, req->threads, &temp_pool);
+    if (!pool) return fail(e, H3R_ERR_NOMEM);
+
+    float *ctx = NULL, *neg = NULL, *x = NULL, *v = NULL, *vu = NULL, *video = NULL;
+    uint8_t *rgb = NULL;
+    h3r_sampler *s = NULL;
+    const int64_t video_n = 3LL * F * H * W;
+    ctx = calloc((size_t)L * D, sizeof(float));
+    neg = cfg ? calloc((size_t)L * D, sizeof(float)) : NULL;
+    x = malloc((size_t)n * sizeof(float));
+    v = malloc((size_t)n * sizeof(float));
+    vu = cfg ? malloc((size_t)n * sizeof(float)) : NULL;
+    rgb = malloc((size_t)H * W * 3);
+    if (!ctx || (cfg && !neg) || !x || !v || (cfg && !vu) || !rgb) {
+        rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for a %dx%d, %d-frame render", W, H, req->frames);
+        goto done;
+    }
+
+#define PROGRESS(phase, d, t)                                                                             \
+    do {                                                                                                  \
+        if (req->on_progress && req->on_progress(req->user, (phase), (d), (t))) {                         \
+            rc = h3r_seterr(H3R_ERR_CANCELED, "canceled by the progress callback");                       \
+            goto done;                                                                                    \
+        }                                                                                                 \
+    } while (0)
+
+    PROGRESS(H3R_PHASE_ENCODE, 0, cfg ? 2 : 1);
+    if ((rc = encode_context(e, te, pool, req->prompt_ids, req->n_prompt_ids, ctx))) goto done;
+    PROGRESS(H3R_PHASE_ENCODE, 1, cfg ? 2 : 1);
+    if (cfg) {
+        if ((rc = encode_context(e, te, pool, req->negative_ids, req->n_negative_ids, neg))) goto done;
+        PROGRESS(H3R_PHASE_ENCODE, 2, 2);
+    }
+
+    if (req->init_latents) memcpy(x, req->init_latents, (size_t)n * sizeof(float));
+    else h3r_randn(req->seed, x, n);
+
+    if ((rc = sampler_create(req->sampler, req->steps, req->shift, n, &s))) goto done;
+    const float *timesteps = sampler_timesteps(s);
+    PROGRESS(H3R_PHASE_DENOISE, 0, req->steps);
+    for (int i = 0; i < req->steps; i++) {
+        if (opts.crash_at_step == i) raise(SIGSEGV); /* test trigger, see parse_options */
+        if ((rc = wan_dit_forward(dit->model, pool, x, C, T, Y, X, timesteps[i], ctx, L, v, e->tap, e->tap_user)))
+            goto done;
+        if (cfg) {
+            if ((rc = wan_dit_forward(dit->model, pool, x, C, T, Y, X, timesteps[i], neg, L, vu, e->tap, e->tap_user)))
+                goto done;
+            const float g = req->guidance;
+            for (int64_t k = 0; k < n; k++) v[k] = vu[k] + g * (v[k] - vu[k]);
+        }
+        if ((rc = sampler_step(s, i, v, x))) goto done;
+        if (has_nonfinite(x, n)) {
+            rc = h3r_seterr(H3R_ERR_NUMERIC, "NaN or Inf in the latents after denoising step %d of %d", i + 1,
+                            req->steps);
+            goto done;
+        }
+        PROGRESS(H3R_PHASE_DENOISE, i + 1, req->steps);
+    }
+    if (req->out_latents) memcpy(req->out_latents, x, (size_t)n * sizeof(float));
+
+    {
+        const float *mean = wan_vae_latents_mean(vae->model), *std = wan_vae_latents_std(vae->model);
+        const int64_t plane = (int64_t)T * Y * X;
+        for (int c = 0; c < C; c++) {
+            const float inv_std = 1.0f / std[c];
+            for (int64_t k = 0; k < plane; k++) x[c * plane + k] = x[c * plane + k] / inv_std + mean[c];
+        }
+    }
+    video = malloc((size_t)video_n * sizeof(float));
+    if (!video) {
+        rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for the decoded video (%lld floats)", (long long)video_n);
+        goto done;
+    }
+    vae_progress_ctx vctx = {req};
+    PROGRESS(H3R_PHASE_DECODE, 0, T);
+    rc = wan_vae_decode(vae->model, pool, x, C, T, Y, X, video, vae_progress, &vctx, e->tap, e->tap_user);
+    if (rc) {
+        if (rc == H3R_ERR_CANCELED) h3r_seterr(H3R_ERR_CANCELED, "canceled by the progress callback");
+        goto done;
+    }
+    if (req->on_frame) {
+        for (int f = 0; f < F; f++) {
+            frame_to_rgb(video, F, H, W, f, rgb);
+            if (req->on_frame(req->user, H3R_FRAME_FINAL, f, W, H, rgb)) {
+                rc = h3r_seterr(H3R_ERR_CANCELED, "canceled by the frame callback");
+                goto done;
+            }
+        }
+    }
+    rc = 0;
+#undef PROGRESS
+
+done:
+    sampler_free(s);
+    free(ctx);
+    free(neg);
+    free(x);
+    free(v);
+    free(vu);
+    free(video);
+    free(rgb);
+    if (temp_pool) h3r_pool_free(temp_pool);
+    return rc ? fail(e, rc) : 0;
+}
