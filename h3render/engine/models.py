@@ -1,0 +1,197 @@
+"""Model directories: listing, name resolution and the built-in default model.
+
+A model lives in $H3RENDER_HOME/models/<name>/:
+
+    transformer-<quant>.gguf   one per quant level (f32, f16, ...)
+    text_encoder-<quant>.gguf  UMT5 encoder
+    vae-<quant>.gguf           Wan VAE decoder
+    tokenizer.json             for h3render.engine.tokenize
+    model.json                 {"name", "architecture", "quant_levels", "pipeline", "source"}
+
+(the converter, h3render.engine.convert, writes all of these).
+
+Jobs name a model; they never pass a path (`resolve_model` accepts only a
+plain name). The CLI may also take a directory (`resolve_model_arg`).
+
+The built-in model "tiny-wan" ships as a diffusers-layout pipeline in the
+package data (h3render/data/tiny-wan) and is converted into the models
+directory the first time it is used: into a temporary sibling directory, then
+renamed, so a crash or a concurrent first use never leaves a half model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from h3render import paths
+from h3render.engine.exceptions import InvalidRequestError, ModelFileError, ModelNotFoundError
+
+DEFAULT_MODEL = "tiny-wan"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+BUILTIN: dict[str, Path] = {DEFAULT_MODEL: DATA_DIR / DEFAULT_MODEL}
+BUILTIN_QUANTS = ("f32", "f16")
+MODEL_FILE = "model.json"
+COMPONENTS = ("transformer", "text_encoder", "vae")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_GGUF = re.compile(r"^(?P<component>transformer|text_encoder|vae)-(?P<quant>[a-z0-9_]+)\.gguf$")
+
+
+class ModelEntry(BaseModel):
+    """One model as seen on disk (or a built-in one not converted yet)."""
+
+    name: str
+    path: Path
+    installed: bool
+    builtin: bool = False
+    quants: list[str] = []  # quant levels of the transformer files
+    components: dict[str, list[str]] = {}  # component -> quant levels present
+    has_tokenizer: bool = False
+    size_bytes: int = 0
+    source: str | None = None
+
+
+def validate_name(name: str) -> str:
+    """Check a model name (never a path); raise InvalidRequestError naming the rule."""
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise InvalidRequestError(
+            f"model={name!r} is not a model name: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (a name, not a path)"
+        )
+    return name
+
+
+def describe(path: Path, name: str | None = None) -> ModelEntry:
+    """What a model directory holds: quant levels per component, tokenizer, size."""
+    path = Path(path)
+    components: dict[str, list[str]] = {}
+    size = 0
+    for f in sorted(path.iterdir()) if path.is_dir() else []:
+        if not f.is_file():
+            continue
+        size += f.stat().st_size
+        m = _GGUF.match(f.name)
+        if m:
+            components.setdefault(m["component"], []).append(m["quant"])
+    meta = _read_meta(path)
+    name = name or str(meta.get("name") or path.name)
+    return ModelEntry(
+        name=name,
+        path=path,
+        installed="transformer" in components,
+        builtin=name in BUILTIN,
+        quants=components.get("transformer", []),
+        components=components,
+        has_tokenizer=(path / "tokenizer.json").is_file(),
+        size_bytes=size,
+        source=meta.get("source"),
+    )
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads((path / MODEL_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_model_dir(path: Path) -> bool:
+    """A directory with at least one transformer-<quant>.gguf."""
+    path = Path(path)
+    return path.is_dir() and any(_GGUF.match(f.name) and f.name.startswith("transformer-") for f in path.iterdir())
+
+
+def list_models(include_builtin: bool = True) -> list[ModelEntry]:
+    """Installed models under the models dir, plus built-ins not converted yet."""
+    root = paths.models_dir()
+    found: dict[str, ModelEntry] = {}
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            if d.name.startswith(".") or not _NAME.match(d.name) or not is_model_dir(d):
+                continue
+            found[d.name] = describe(d, name=d.name)
+    if include_builtin:
+        for name, src in BUILTIN.items():
+            if name not in found and src.is_dir():
+                found[name] = ModelEntry(name=name, path=root / name, installed=False, builtin=True, source=str(src))
+    return [found[k] for k in sorted(found)]
+
+
+def resolve_model(name: str) -> Path:
+    """The directory of the model called `name`, converting a built-in on first use."""
+    validate_name(name)
+    path = paths.models_dir() / name
+    if is_model_dir(path):
+        return path
+    if name in BUILTIN:
+        return ensure_builtin(name)
+    known = [m.name for m in list_models()]
+    raise ModelNotFoundError(
+        f"model={name!r} is not installed in {paths.models_dir()}; "
+        f"available: {', '.join(known) or 'none'} (convert one with `h3render convert SRC DST`)"
+    )
+
+
+def resolve_model_arg(arg: str) -> Path:
+    """For the CLI: a model directory if `arg` is one (or looks like a path), else a name."""
+    path = Path(arg).expanduser()
+    if is_model_dir(path):
+        return path
+    looks_like_path = "/" in arg or os.sep in arg or arg.startswith((".", "~"))
+    if looks_like_path or not _NAME.match(arg):
+        if not path.is_dir():
+            raise ModelNotFoundError(f"model directory {path} does not exist")
+        raise ModelFileError(
+            f"{path} is not a model directory: it has no transformer-<quant>.gguf "
+            "(convert a diffusers pipeline with `h3render convert SRC DST`)"
+        )
+    return resolve_model(arg)
+
+
+def ensure_builtin(name: str = DEFAULT_MODEL) -> Path:
+    """Convert a built-in model into the models dir if it is not there yet; its path."""
+    validate_name(name)
+    if name not in BUILTIN:
+        raise ModelNotFoundError(f"model={name!r} is not a built-in model; built-in: {', '.join(BUILTIN)}")
+    dst = paths.models_dir() / name
+    if is_model_dir(dst):
+        return dst
+    src = BUILTIN[name]
+    if not src.is_dir():
+        raise ModelNotFoundError(f"built-in model {name!r} is missing from the package data ({src})")
+    return install_pipeline(src, name, BUILTIN_QUANTS)
+
+
+def install_pipeline(src: Path, name: str, quants: tuple[str, ...] | list[str]) -> Path:
+    """Convert a diffusers-layout pipeline into models/<name>, atomically.
+
+    Converts into a temporary directory beside the target and renames it. If
+    another process installed the same name meanwhile, its copy wins and ours
+    is discarded. Raises ConvertError (from the converter) on a bad source.
+    """
+    from h3render.engine.convert import convert_pipeline
+
+    validate_name(name)
+    root = paths.models_dir(ensure=True)
+    dst = root / name
+    tmp = root / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        convert_pipeline(Path(src), tmp, quants=list(quants), name=name)
+        try:
+            os.rename(tmp, dst)
+        except OSError as exc:
+            if not is_model_dir(dst):  # else another process installed it first: use theirs
+                raise ModelFileError(
+                    f"{dst} exists and is not a model directory ({exc.strerror}); remove it and retry"
+                ) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
