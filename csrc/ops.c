@@ -1,0 +1,318 @@
+/*
+ * Ops of the CPU engine: matmul, attention, norms, activations.
+ *
+ * Shapes use the letters of internal.h: N rows (tokens), K input dim,
+ * M output dim, H heads, Dh head dim, Nq/Nk query/key tokens, D row width.
+ *
+ * Determinism: each output element is computed by exactly one thread, and
+ * its reduction order is fixed by the data shape alone (8 interleaved partial
+ * sums combined in a fixed tree, then a scalar tail). Threads split the
+ * outermost independent loop (matmul output columns, attention head x query
+ * tile) into contiguous chunks, so the thread count never changes a result.
+ *
+ * Kernels come as a scalar _ref and an AVX variant computing the same sums in
+ * the same order (mul then add, no FMA: the build uses -ffp-contract=off), so
+ * the two agree bit for bit.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+#include "internal.h"
+
+/* ---------------------------------------------------------------- dot product */
+
+/* a (n,) . b (n,): lanes acc[l] sum a[k]*b[k] for k = l mod 8 over whole
+ * 8-blocks, combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the
+ * tail added in order. */
+static inline float dot_ref(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
+    float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+#if defined(__AVX__)
+/* Same sums as dot_ref, 8 lanes in one register. */
+static inline float dot_avx(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* l+l4 */
+    __m128 t = _mm_add_ps(v, _mm_movehl_ps(v, v));                                    /* (0+2),(1+3) */
+    float s = _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+#define dot dot_avx
+#else
+#define dot dot_ref
+#endif
+
+/* ---------------------------------------------------------------- matmul */
+
+#define MM_JB 8   /* weight rows (output columns) converted and used together */
+
+typedef struct {
+    float *y;              /* (N, M) */
+    const float *x;        /* (N, K) */
+    const h3r_tensor *W;   /* ne = {K, M} */
+    const float *b;        /* (M,) or NULL */
+    int64_t N, K, M;
+    float *scratch;        /* nth x (MM_JB, K) */
+} mm_ctx;
+
+/* Weight row j as f32: a pointer into the mapping for F32, else converted
+ * into buf (K,). */
+static const float *weight_row(const h3r_tensor *W, int64_t j, int64_t K, float *buf) {
+    if (W->type == GGML_TYPE_F32) return (const float *)W->data + j * K;
+    const uint16_t *src = (const uint16_t *)W->data + j * K;  /* GGML_TYPE_F16 */
+    for (int64_t k = 0; k < K; k++) buf[k] = h3r_f16_to_f32(src[k]);
+    return buf;
+}
+
+/* Thread ith computes output columns [j0, j1), a contiguous chunk of M. */
+static void matmul_worker(void *arg, int ith, int nth) {
+    mm_ctx *c = arg;
+    int64_t chunk = (c->M + nth - 1) / nth;
+    int64_t j0 = chunk * ith, j1 = j0 + chunk < c->M ? j0 + chunk : c->M;
+    float *buf = c->scratch + (size_t)ith * MM_JB * c->K;
+    const float *rows[MM_JB];
+    for (int64_t j = j0; j < j1; j += MM_JB) {
+        int jb = j1 - j < MM_JB ? (int)(j1 - j) : MM_JB;
+        for (int r = 0; r < jb; r++) rows[r] = weight_row(c->W, j + r, c->K, buf + (size_t)r * c->K);
+        for (int64_t n = 0; n < c->N; n++) {
+            const float *xr = c->x + n * c->K;
+            float *yr = c->y + n * c->M + j;
+            for (int r = 0; r < jb; r++) {
+                float s = dot(xr, rows[r], c->K);
+                yr[r] = c->b ? s + c->b[j + r] : s;
+            }
+        }
+    }
+}
+
+/*
+ * y (N, M) = x (N, K) @ W^T + b, W ne = {K, M} (F32 or F16), b (M,) F32 or
+ * NULL. Returns 0, or a negative code naming the tensor when W is not 2-D,
+ * of an unsupported type, or b does not match.
+ */
+int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const h3r_tensor *b,
+              int64_t N) {
+    if (!W || !y || !x) return h3r_seterr(H3R_ERR_INVALID, "op_matmul: NULL argument");
+    const char *wn = W->name ? W->name : "(unnamed)";
+    if (W->ne[2] != 1 || W->ne[3] != 1)
+        return h3r_seterr(H3R_ERR_FORMAT, "matmul: weight '%s' must be 2-D, has ne = [%lld, %lld, %lld, %lld]",
+                          wn, (long long)W->ne[0], (long long)W->ne[1], (long long)W->ne[2], (long long)W->ne[3]);
+    if (W->type != GGML_TYPE_F32 && W->type != GGML_TYPE_F16)
+        return h3r_seterr(H3R_ERR_UNSUPPORTED, "matmul: weight '%s' has type %s (supported: f32, f16)",
+                          wn, ggml_type_name(W->type));
+    int64_t K = W->ne[0], M = W->ne[1];
+    if (b) {
+        const char *bn = b->name ? b->name : "(unnamed)";
+        if (b->type != GGML_TYPE_F32)
+            return h3r_seterr(H3R_ERR_FORMAT, "matmul: bias '%s' has type %s (must be f32)", bn,
+                              ggml_type_name(b->type));
+        if (b->ne[0] * b->ne[1] * b->ne[2] * b->ne[3] != M)
+            return h3r_seterr(H3R_ERR_FORMAT, "matmul: bias '%s' has %lld elements, weight '%s' has %lld outputs",
+                              bn, (long long)(b->ne[0] * b->ne[1] * b->ne[2] * b->ne[3]), wn, (long long)M);
+    }
+    if (N < 0) return h3r_seterr(H3R_ERR_INVALID, "matmul: N = %lld < 0", (long long)N);
+    if (N == 0) return 0;
+    int nth = h3r_pool_size(p);
+    float *scratch = NULL;
+    if (W->type != GGML_TYPE_F32) {
+        scratch = malloc((size_t)nth * MM_JB * (size_t)K * sizeof(float));
+        if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory (%d x %d x %lld floats)",
+                                        nth, MM_JB, (long long)K);
+    }
+    mm_ctx c = {y, x, W, b ? (const float *)b->data : NULL, N, K, M, scratch};
+    h3r_pool_run(p, matmul_worker, &c);
+    free(scratch);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+#define ATT_BQ 16   /* query rows per work item */
+#define ATT_BK 64   /* key rows per inner tile */
+
+typedef struct {
+    float *out;
+    const float *q, *k, *v, *bias;
+    int64_t Nq, Nk;
+    int H, Dh;
+    float scale;
+    int64_t n_qt;            /* query tiles per head */
+    float *scratch;          /* nth x per_thread */
+    size_t per_thread;       /* floats: S (BQ,BK) + O (BQ,Dh) + m, l (BQ) */
+} att_ctx;
+
+/*
+ * One work item: head h, query rows [i0, i0+bq). Online softmax over key
+ * tiles: running max m, running sum l and unnormalised output O per row,
+ * rescaled by exp(m_old - m_new) when the max grows. Rows whose scores are
+ * all -inf (fully masked) produce zeros.
+ */
+static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int bq) {
+    const int64_t ld = (int64_t)c->H * c->Dh;   /* row stride of q, k, v, out */
+    const int Dh = c->Dh;
+    float *S = ws;                               /* (bq, BK) */
+    float *O = S + ATT_BQ * ATT_BK;              /* (bq, Dh) */
+    float *m = O + (size_t)ATT_BQ * Dh;          /* (bq,) */
+    float *l = m + ATT_BQ;                       /* (bq,) */
+    for (int i = 0; i < bq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+    memset(O, 0, sizeof(float) * (size_t)bq * Dh);
+    for (int64_t j0 = 0; j0 < c->Nk; j0 += ATT_BK) {
+        int bk = c->Nk - j0 < ATT_BK ? (int)(c->Nk - j0) : ATT_BK;
+        for (int i = 0; i < bq; i++) {
+            const float *qi = c->q + (i0 + i) * ld + (int64_t)h * Dh;
+            const float *brow = c->bias ? c->bias + ((int64_t)h * c->Nq + i0 + i) * c->Nk + j0 : NULL;
+            float *Si = S + (size_t)i * ATT_BK;
+            float mt = -INFINITY;
+            for (int j = 0; j < bk; j++) {
+                float s = c->scale * dot(qi, c->k + (j0 + j) * ld + (int64_t)h * Dh, Dh);
+                if (brow) s += brow[j];
+                Si[j] = s;
+                if (s > mt) mt = s;
+            }
+            float mn = m[i] > mt ? m[i] : mt;
+            if (mn == -INFINITY) continue;       /* everything so far masked */
+            float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mn);
+            float *Oi = O + (size_t)i * Dh;
+            if (corr != 1.0f)
+                for (int d = 0; d < Dh; d++) Oi[d] *= corr;
+            float sum = 0.0f;
+            for (int j = 0; j < bk; j++) {
+                float pj = expf(Si[j] - mn);
+                sum += pj;
+                const float *vj = c->v + (j0 + j) * ld + (int64_t)h * Dh;
+                for (int d = 0; d < Dh; d++) Oi[d] += pj * vj[d];
+            }
+            l[i] = l[i] * corr + sum;
+            m[i] = mn;
+        }
+    }
+    for (int i = 0; i < bq; i++) {
+        float *dst = c->out + (i0 + i) * ld + (int64_t)h * Dh;
+        const float *Oi = O + (size_t)i * Dh;
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        for (int d = 0; d < Dh; d++) dst[d] = Oi[d] * inv;
+    }
+}
+
+/* Work items (head, query tile) numbered h * n_qt + t, split contiguously. */
+static void attention_worker(void *arg, int ith, int nth) {
+    att_ctx *c = arg;
+    int64_t total = (int64_t)c->H * c->n_qt;
+    int64_t a = total * ith / nth, b = total * (ith + 1) / nth;
+    float *ws = c->scratch + (size_t)ith * c->per_thread;
+    for (int64_t it = a; it < b; it++) {
+        int h = (int)(it / c->n_qt);
+        int64_t i0 = (it % c->n_qt) * ATT_BQ;
+        int bq = c->Nq - i0 < ATT_BQ ? (int)(c->Nq - i0) : ATT_BQ;
+        attention_tile(c, ws, h, i0, bq);
+    }
+}
+
+/*
+ * out (Nq, H*Dh) = softmax(scale * q k^T + bias) v per head, q (Nq, H*Dh),
+ * k, v (Nk, H*Dh), bias NULL or (H, Nq, Nk). Scratch is O(threads x tile).
+ * Returns 0, or H3R_ERR_INVALID / H3R_ERR_NOMEM with a message.
+ */
+int op_attention(h3r_pool *p, float *out, const float *q, const float *k, const float *v,
+                 int64_t Nq, int64_t Nk, int H, int Dh, float scale, const float *bias) {
+    if (!out || !q || !k || !v) return h3r_seterr(H3R_ERR_INVALID, "attention: NULL argument");
+    if (Nq < 0 || Nk < 1 || H < 1 || Dh < 1)
+        return h3r_seterr(H3R_ERR_INVALID, "attention: bad shape Nq=%lld Nk=%lld H=%d Dh=%d "
+                          "(need Nq >= 0, Nk, H, Dh >= 1)", (long long)Nq, (long long)Nk, H, Dh);
+    if (Nq == 0) return 0;
+    int nth = h3r_pool_size(p);
+    size_t per = (size_t)ATT_BQ * ATT_BK + (size_t)ATT_BQ * Dh + 2 * ATT_BQ;
+    float *scratch = malloc((size_t)nth * per * sizeof(float));
+    if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "attention: out of memory (Dh=%d, %d threads)", Dh, nth);
+    att_ctx c = {out, q, k, v, bias, Nq, Nk, H, Dh, scale, (Nq + ATT_BQ - 1) / ATT_BQ, scratch, per};
+    h3r_pool_run(p, attention_worker, &c);
+    free(scratch);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- norms */
+
+/* Each row of x (N, D): (x - mean) / sqrt(var + eps) * w + b, statistics in
+ * double (biased variance, as torch's layer_norm). */
+void op_layernorm(float *x, int64_t N, int64_t D, const float *w, const float *b, float eps) {
+    for (int64_t n = 0; n < N; n++) {
+        float *r = x + n * D;
+        double mean = 0.0, var = 0.0;
+        for (int64_t d = 0; d < D; d++) mean += r[d];
+        mean /= (double)D;
+        for (int64_t d = 0; d < D; d++) { double t = r[d] - mean; var += t * t; }
+        var /= (double)D;
+        double rstd = 1.0 / sqrt(var + (double)eps);
+        for (int64_t d = 0; d < D; d++) {
+            float y = (float)((r[d] - mean) * rstd);
+            if (w) y *= w[d];
+            if (b) y += b[d];
+            r[d] = y;
+        }
+    }
+}
+
+/* Each row of x (N, D): x / sqrt(mean(x^2) + eps) * w, mean in double. */
+void op_rmsnorm(float *x, int64_t N, int64_t D, const float *w, float eps) {
+    for (int64_t n = 0; n < N; n++) {
+        float *r = x + n * D;
+        double ss = 0.0;
+        for (int64_t d = 0; d < D; d++) ss += (double)r[d] * r[d];
+        double rstd = 1.0 / sqrt(ss / (double)D + (double)eps);
+        for (int64_t d = 0; d < D; d++) {
+            float y = (float)(r[d] * rstd);
+            r[d] = w ? y * w[d] : y;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+void op_silu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+/* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+void op_gelu_tanh(float *x, int64_t n) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+    }
+}
+
+/* 0.5 x (1 + erf(x / sqrt(2))) */
+void op_gelu_erf(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f));
+}
+
+void op_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void op_mul(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] *= x[i];
+}
+
+/* Data of an F32 tensor, or H3R_ERR_FORMAT naming the tensor and its type. */
+int tensor_f32(const h3r_tensor *t, const float **out) {
+    *out = NULL;
+    if (t->type != GGML_TYPE_F32)
+        return h3r_seterr(H3R_ERR_FORMAT, "tensor '%s' has type %s, expected f32",
+                          t->name ? t->name : "(unnamed)", ggml_type_name(t->type));
+    *out = (const float *)t->data;
+    return 0;
+}

@@ -1,0 +1,133 @@
+/*
+ * Test-only exports (see test_exports.h): thin wrappers that give the Python
+ * tests ctypes access to the GGUF reader and the ops. Not a stable ABI.
+ */
+#include <stdlib.h>
+#include "internal.h"
+#include "test_exports.h"
+
+int h3r_test_gguf_check(const char *path) {
+    gguf_file *g = NULL;
+    h3r_clear_error();
+    int rc = gguf_open(path, &g);
+    gguf_close(g);
+    return rc;
+}
+
+int h3r_test_gguf_open(const char *path, void **out) {
+    gguf_file *g = NULL;
+    h3r_clear_error();
+    int rc = gguf_open(path, &g);
+    *out = g;
+    return rc;
+}
+
+void h3r_test_gguf_close(void *g) { gguf_close(g); }
+
+int h3r_test_gguf_n_tensors(const void *g) { return gguf_n_tensors(g); }
+
+int h3r_test_gguf_tensor(const void *g, int i, const char **name, int *type, int *n_dims,
+                         int64_t ne[4], const void **data, uint64_t *nbytes) {
+    const h3r_tensor *t = gguf_tensor_at(g, i);
+    if (!t) return h3r_seterr(H3R_ERR_INVALID, "tensor index %d out of range [0, %d)", i, gguf_n_tensors(g));
+    *name = t->name;
+    *type = t->type;
+    *n_dims = t->n_dims;
+    for (int d = 0; d < 4; d++) ne[d] = t->ne[d];
+    *data = t->data;
+    *nbytes = t->nbytes;
+    return 0;
+}
+
+int h3r_test_gguf_find(const void *g, const char *name) {
+    const h3r_tensor *t = gguf_find(g, name);
+    if (!t) return -1;
+    for (int i = 0; i < gguf_n_tensors(g); i++)
+        if (gguf_tensor_at(g, i) == t) return i;
+    return -1;
+}
+
+int h3r_test_gguf_get_tensor(const void *g, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                             int64_t ne3, int *index) {
+    const h3r_tensor *t;
+    int rc = gguf_get_tensor(g, name, ne0, ne1, ne2, ne3, &t);
+    *index = rc ? -1 : h3r_test_gguf_find(g, name);
+    return rc;
+}
+
+int h3r_test_gguf_has_key(const void *g, const char *key) { return gguf_has_key(g, key); }
+int h3r_test_gguf_get_int(const void *g, const char *key, int64_t *out) { return gguf_get_int(g, key, out); }
+int h3r_test_gguf_get_float(const void *g, const char *key, double *out) { return gguf_get_float(g, key, out); }
+int h3r_test_gguf_get_bool(const void *g, const char *key, int *out) { return gguf_get_bool(g, key, out); }
+
+int h3r_test_gguf_get_str(const void *g, const char *key, const char **out, uint64_t *len) {
+    size_t n = 0;
+    int rc = gguf_get_str(g, key, out, &n);
+    *len = n;
+    return rc;
+}
+
+int h3r_test_gguf_get_int_array(const void *g, const char *key, int64_t *out, int max, int *n) {
+    return gguf_get_int_array(g, key, out, max, n);
+}
+
+int h3r_test_gguf_get_float_array(const void *g, const char *key, double *out, int max, int *n) {
+    return gguf_get_float_array(g, key, out, max, n);
+}
+
+/* ---- ops */
+
+int h3r_test_matmul(int threads, float *y, const float *x, const void *w, int wtype, const float *b,
+                    int64_t N, int64_t K, int64_t M) {
+    if (wtype != GGML_TYPE_F32 && wtype != GGML_TYPE_F16)
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_matmul: wtype %d (allowed 0 f32, 1 f16)", wtype);
+    h3r_tensor W = {"test.weight", wtype, 2, {K, M, 1, 1}, w, ggml_type_nbytes(wtype, K * M)};
+    h3r_tensor B = {"test.bias", GGML_TYPE_F32, 1, {M, 1, 1, 1}, b, (size_t)M * 4};
+    h3r_pool *p = h3r_pool_create(threads);
+    if (!p) return H3R_ERR_NOMEM;
+    int rc = op_matmul(p, y, x, &W, b ? &B : NULL, N);
+    h3r_pool_free(p);
+    return rc;
+}
+
+int h3r_test_attention(int threads, float *out, const float *q, const float *k, const float *v,
+                       int64_t Nq, int64_t Nk, int H, int Dh, float scale, const float *bias) {
+    h3r_pool *p = h3r_pool_create(threads);
+    if (!p) return H3R_ERR_NOMEM;
+    int rc = op_attention(p, out, q, k, v, Nq, Nk, H, Dh, scale, bias);
+    h3r_pool_free(p);
+    return rc;
+}
+
+int h3r_test_layernorm(float *x, int64_t N, int64_t D, const float *w, const float *b, float eps) {
+    op_layernorm(x, N, D, w, b, eps);
+    return 0;
+}
+
+int h3r_test_rmsnorm(float *x, int64_t N, int64_t D, const float *w, float eps) {
+    op_rmsnorm(x, N, D, w, eps);
+    return 0;
+}
+
+int h3r_test_activation(int which, float *x, int64_t n) {
+    switch (which) {
+    case 0: op_gelu_tanh(x, n); return 0;
+    case 1: op_gelu_erf(x, n); return 0;
+    case 2: op_silu(x, n); return 0;
+    default: return h3r_seterr(H3R_ERR_INVALID, "h3r_test_activation: which=%d (allowed 0..2)", which);
+    }
+}
+
+int h3r_test_gelu_tanh(float *x, int64_t n) { return h3r_test_activation(0, x, n); }
+
+int h3r_test_f16_to_f32(const uint16_t *in, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = h3r_f16_to_f32(in[i]);
+    return 0;
+}
+
+int h3r_test_f32_to_f16(const float *in, uint16_t *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = h3r_f32_to_f16(in[i]);
+    return 0;
+}
+
+uint64_t h3r_test_type_nbytes(int type, int64_t n) { return ggml_type_nbytes(type, n); }
