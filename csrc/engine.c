@@ -610,6 +610,42 @@ static int vae_progress(void *user, int done, int total) {
     return req->on_progress ? req->on_progress(req->user, H3R_PHASE_DECODE, done, total) : 0;
 }
 
+/*
+ * A cheap preview after denoising step `step`: the flow model's current
+ * estimate of the clean latents, x0 = x - sigma * v, for latent frame 0 only,
+ * de-normalised and decoded by the VAE into one RGB frame. Costs one
+ * single-frame VAE decode. Returns 0, or H3R_ERR_CANCELED if on_frame asks.
+ */
+static int send_preview(h3r_engine *e, component *vae, h3r_pool *pool, const h3r_request *req, int step,
+                        const float *x, const float *v, float sigma, int C, int Y, int X, uint8_t *rgb) {
+    const int T = (req->frames - 1) / e->vae_stride_t + 1;
+    const int64_t plane = (int64_t)Y * X, tplane = (int64_t)T * plane;
+    const int H = Y * e->vae_stride_s, W = X * e->vae_stride_s;
+    float *z = malloc((size_t)C * plane * sizeof(float));
+    float *frame = malloc((size_t)3 * H * W * sizeof(float));
+    int rc = 0;
+    if (!z || !frame) {
+        rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for a preview frame");
+        goto out;
+    }
+    const float *mean = wan_vae_latents_mean(vae->model), *std = wan_vae_latents_std(vae->model);
+    for (int c = 0; c < C; c++) {
+        const float inv_std = 1.0f / std[c];
+        for (int64_t k = 0; k < plane; k++) {
+            float x0 = x[c * tplane + k] - sigma * v[c * tplane + k];
+            z[c * plane + k] = x0 / inv_std + mean[c];
+        }
+    }
+    if ((rc = wan_vae_decode(vae->model, pool, z, C, 1, Y, X, frame, NULL, NULL, NULL, NULL))) goto out;
+    frame_to_rgb(frame, 1, H, W, 0, rgb);
+    if (req->on_frame(req->user, H3R_FRAME_PREVIEW, step, W, H, rgb))
+        rc = h3r_seterr(H3R_ERR_CANCELED, "canceled by the frame callback");
+out:
+    free(z);
+    free(frame);
+    return rc;
+}
+
 /* Encode ids into a zero-padded (text_len, dim) context. */
 static int encode_context(h3r_engine *e, component *te, h3r_pool *pool, const int32_t *ids, int n, float *ctx) {
     if (n > e->text_len)
@@ -721,6 +757,9 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
                 goto done;
             const float g = req->guidance;
             for (int64_t k = 0; k < n; k++) v[k] = vu[k] + g * (v[k] - vu[k]);
+        }
+        if (req->preview_every > 0 && req->on_frame && ((i + 1) % req->preview_every == 0 || i + 1 == req->steps)) {
+            if ((rc = send_preview(e, vae, pool, req, i, x, v, sampler_sigmas(s)[i], C, Y, X, rgb))) goto done;
         }
         if ((rc = sampler_step(s, i, v, x))) goto done;
         if (has_nonfinite(x, n)) {
