@@ -305,6 +305,7 @@ int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *ou
     if (n == 0) return 0;
 
     const int64_t D = m->d_model, F = m->d_ff, H = m->n_heads, HD = (int64_t)m->n_heads * m->d_kv;
+    const int64_t B = m->num_buckets;
     const int64_t N = n;
     /* scratch, sized once for this call */
     size_t sz_x = (size_t)(N * D), sz_hd = (size_t)(N * HD), sz_f = (size_t)(N * F);
@@ -320,8 +321,9 @@ int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *ou
     float *g1 = malloc(sz_f * sizeof(float));      /* (n, F) linear branch */
     float *bias = malloc(sz_bias * sizeof(float)); /* (H, n, n) */
     int *bucket = malloc((size_t)(2 * N - 1) * sizeof(int)); /* (2n-1,) by rel + n-1 */
+    float *table = malloc((size_t)(B * H) * sizeof(float));  /* (B, H) one layer's table */
     int rc = 0;
-    if (!x || !h || !y || !q || !k || !v || !a || !g0 || !g1 || !bias || !bucket) {
+    if (!x || !h || !y || !q || !k || !v || !a || !g0 || !g1 || !bias || !bucket || !table) {
         rc = h3r_seterr(H3R_ERR_NOMEM, "umt5: out of memory for scratch of %d tokens", n);
         goto done;
     }
@@ -350,11 +352,13 @@ int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *ou
         if ((rc = op_matmul(p, k, h, L->k, NULL, N)) < 0) goto done;
         if ((rc = op_matmul(p, v, h, L->v, NULL, N)) < 0) goto done;
         /* bias (H, n, n): head hh, query i, key j -> table[bucket(j - i)][hh] */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t hh = 0; hh < H; hh++) table[b * H + hh] = tensor_get(L->rel_bias, b, hh);
         for (int64_t hh = 0; hh < H; hh++)
             for (int64_t i = 0; i < N; i++) {
                 float *brow = bias + (hh * N + i) * N;
-                for (int64_t j = 0; j < N; j++)
-                    brow[j] = tensor_get(L->rel_bias, bucket[j - i + N - 1], hh);
+                const int *bk = bucket + (N - 1 - i);  /* bk[j] = bucket of rel j - i */
+                for (int64_t j = 0; j < N; j++) brow[j] = table[bk[j] * H + hh];
             }
         if ((rc = op_attention(p, a, q, k, v, N, N, (int)H, m->d_kv, 1.0f, bias)) < 0) goto done;
         if ((rc = op_matmul(p, y, a, L->o, NULL, N)) < 0) goto done;
@@ -381,6 +385,6 @@ int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *ou
 
 done:
     free(x); free(h); free(y); free(q); free(k); free(v); free(a);
-    free(g0); free(g1); free(bias); free(bucket);
+    free(g0); free(g1); free(bias); free(bucket); free(table);
     return rc;
 }
