@@ -1,0 +1,203 @@
+"""Thin OS readers: capture what the machine says, hand it to the pure parsers.
+
+`read_readings(settings)` returns a health.Readings for this machine:
+    macOS: sysctl (LC_ALL=C), vm_stat, pmset -g therm|batt, pmset -g, psutil,
+           ProcessInfo.thermalState through the Objective-C runtime (ctypes);
+    Linux: /proc/pressure/memory, psutil memory and swap, /sys/class/thermal zones,
+           thermal_throttle counters, psutil battery and hwmon temperatures.
+A probe that fails adds a line to Readings.errors and never raises.
+
+Never runs `memory_pressure -l/-p` (they allocate memory to simulate pressure)
+and never needs root (powermetrics is not used).
+
+Test hook: when H3RENDER_ENABLE_TEST_TRIGGERS=1 and H3RENDER_TEST_READINGS names a
+JSON file, the readings come from that file (re-read on every call), so tests can
+drive a real worker process through closed and open gates.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from h3render.settings import Settings
+from h3render.worker import probes as P
+from h3render.worker.health import Readings, linux_readings, macos_readings
+
+T = TypeVar("T")
+TEST_READINGS_ENV = "H3RENDER_TEST_READINGS"
+TRIGGERS_ENV = "H3RENDER_ENABLE_TEST_TRIGGERS"
+
+
+def _run(cmd: list[str], timeout: float = 10.0) -> str:
+    """stdout+stderr of a command in the C locale (decimal points, English labels)."""
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return res.stdout + res.stderr
+
+
+def _try(errors: list[str], what: str, fn: Callable[[], T]) -> T | None:
+    try:
+        return fn()
+    except (P.ProbeError, OSError, subprocess.SubprocessError, ValueError, AttributeError) as e:
+        errors.append(f"{what}: {e}")
+        return None
+
+
+def _psutil_vm() -> P.VirtualMemory:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return P.VirtualMemory(total=vm.total, available=vm.available, percent=vm.percent)
+
+
+# ---------------------------------------------------------------- macOS
+
+
+def macos_thermal_state() -> P.ThermalState:
+    """NSProcessInfo.processInfo.thermalState via objc_msgSend (no root, no Swift).
+
+    objc_msgSend is called through a function pointer of the exact prototype
+    (id, SEL) -> NSInteger, as arm64 requires."""
+    objc = ctypes.cdll.LoadLibrary(ctypes.util.find_library("objc") or "/usr/lib/libobjc.A.dylib")
+    ctypes.cdll.LoadLibrary("/System/Library/Frameworks/Foundation.framework/Foundation")
+    objc.objc_getClass.restype = ctypes.c_void_p
+    objc.objc_getClass.argtypes = [ctypes.c_char_p]
+    objc.sel_registerName.restype = ctypes.c_void_p
+    objc.sel_registerName.argtypes = [ctypes.c_char_p]
+    addr = ctypes.cast(objc.objc_msgSend, ctypes.c_void_p).value
+    send_id = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
+    send_long = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)(addr)
+    cls = objc.objc_getClass(b"NSProcessInfo")
+    if not cls:
+        raise P.ProbeUnavailable("ProcessInfo.thermalState", "NSProcessInfo class not found")
+    info = send_id(cls, objc.sel_registerName(b"processInfo"))
+    return P.parse_thermal_state(str(send_long(info, objc.sel_registerName(b"thermalState"))))
+
+
+def read_macos(settings: Settings) -> Readings:
+    errors: list[str] = []
+    sysctl = _try(errors, "sysctl", lambda: P.parse_sysctl(_run(
+        ["sysctl", "kern.memorystatus_vm_pressure_level", "kern.memorystatus_level",
+         "vm.swapusage", "hw.memsize"])))
+    vm_stat = _try(errors, "vm_stat", lambda: P.parse_vm_stat(_run(["vm_stat"])))
+    return macos_readings(
+        sysctl=sysctl,
+        vm_stat=vm_stat,
+        virtual_memory=_try(errors, "psutil", _psutil_vm),
+        thermal_state=_try(errors, "thermalState", macos_thermal_state),
+        therm=_try(errors, "pmset -g therm",
+                   lambda: P.parse_pmset_therm(_run(["pmset", "-g", "therm"]))),
+        batt=_try(errors, "pmset -g batt", lambda: P.parse_pmset_batt(_run(["pmset", "-g", "batt"]))),
+        pm_settings=_try(errors, "pmset -g",
+                         lambda: P.parse_pmset_settings(_run(["pmset", "-g"]))),
+        errors=errors,
+    )
+
+
+# ---------------------------------------------------------------- Linux
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _thermal_dump(root: str = "/sys/class/thermal") -> str:
+    """The zones' type/temp/mode/trip files as `grep -r .` prints them; unreadable
+    attributes (EIO on some ACPI zones) are left out, as grep leaves them out."""
+    lines = []
+    for zone in sorted(glob.glob(f"{root}/thermal_zone*")):
+        for name in ["type", "temp", "mode"] + sorted(
+                os.path.basename(p) for p in glob.glob(f"{zone}/trip_point_*")):
+            try:
+                value = _read_text(f"{zone}/{name}").strip()
+            except OSError:
+                continue
+            lines.append(f"{zone}/{name}:{value}")
+    return "\n".join(lines)
+
+
+def _throttle_count() -> int | None:
+    files = glob.glob("/sys/devices/system/cpu/cpu*/thermal_throttle/*_throttle_count")
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        try:
+            total += int(_read_text(f).strip())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def read_linux(settings: Settings) -> Readings:
+    import psutil
+
+    errors: list[str] = []
+
+    def psi() -> P.Psi:
+        try:
+            text = _read_text("/proc/pressure/memory")
+        except OSError as e:
+            raise P.ProbeUnavailable("/proc/pressure/memory", e.strerror or str(e)) from None
+        return P.parse_psi(text, "/proc/pressure/memory")
+
+    def zones() -> dict[str, P.ThermalZone]:
+        dump = _thermal_dump()
+        return P.parse_thermal_grep(dump) if dump else {}
+
+    def temps() -> dict[str, list[P.PsutilTemp]]:
+        fn = getattr(psutil, "sensors_temperatures", None)
+        data = fn() if fn else {}
+        return P.parse_psutil_temperatures(repr(data)) if data else {}
+
+    def battery() -> P.PsutilBattery | None:
+        fn = getattr(psutil, "sensors_battery", None)
+        b = fn() if fn else None
+        return P.parse_psutil_battery(repr(b))[0] if b is not None else None
+
+    swap = _try(errors, "psutil swap", psutil.swap_memory)
+    return linux_readings(
+        psi_memory=_try(errors, "PSI", psi),
+        virtual_memory=_try(errors, "psutil", _psutil_vm),
+        swap_total=swap.total if swap else None,
+        swap_used=swap.used if swap else None,
+        zones=_try(errors, "thermal zones", zones),
+        temperatures=_try(errors, "psutil temperatures", temps),
+        zone_pattern=settings.gate_thermal_zone_pattern,
+        throttle_count=_throttle_count(),
+        battery=_try(errors, "psutil battery", battery),
+        errors=errors,
+    )
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def test_readings_path() -> Path | None:
+    if os.environ.get(TRIGGERS_ENV) == "1" and os.environ.get(TEST_READINGS_ENV):
+        return Path(os.environ[TEST_READINGS_ENV])
+    return None
+
+
+def read_readings(settings: Settings) -> Readings:
+    """This machine's readings now (or the test file's, see the module doc)."""
+    path = test_readings_path()
+    if path is not None:
+        doc = json.loads(path.read_text())
+        doc["time"] = time.time()
+        return Readings.model_validate(doc)
+    if sys.platform == "darwin":
+        return read_macos(settings)
+    if sys.platform.startswith("linux"):
+        return read_linux(settings)
+    return Readings(platform=sys.platform, errors=[f"no health probes for {sys.platform}"])
