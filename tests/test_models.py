@@ -1,0 +1,121 @@
+"""Model directories in a temporary H3RENDER_HOME: names, listing, on-demand conversion."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from h3render import paths
+from h3render.engine import models
+from h3render.engine.exceptions import ConvertError, InvalidRequestError, ModelFileError, ModelNotFoundError
+
+H3RENDER = [sys.executable, "-c", "import sys; from h3render.cli import main; sys.argv[0] = 'h3render'; main()"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("H3RENDER_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_paths_follow_env_and_create_nothing(home):
+    assert paths.home() == home
+    assert paths.models_dir() == home / "models"
+    assert paths.renders_dir() == home / "renders"
+    assert paths.tune_dir() == home / "tune"
+    assert paths.redis_dir() == home / "redis"
+    assert not home.exists()  # reading a path has no side effect
+    assert paths.models_dir(ensure=True).is_dir()
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "/etc", "", ".hidden", "-x", "a..b", "x" * 65, "a b", "a\\b"])
+def test_names_are_never_paths(bad):
+    with pytest.raises(InvalidRequestError, match=r"is not a model name"):
+        models.validate_name(bad)
+    with pytest.raises(InvalidRequestError):
+        models.resolve_model(bad)
+
+
+@pytest.mark.parametrize("good", ["tiny-wan", "Wan2.1-T2V-1.3B", "m_1"])
+def test_good_names(good):
+    assert models.validate_name(good) == good
+
+
+def test_install_list_resolve(home):
+    # dit_a holds only a transformer/: the converter writes transformer-f32.gguf.
+    path = models.install_pipeline(FIXTURES / "dit_a", "dit-a", ["f32"])
+    assert path == home / "models" / "dit-a"
+    assert (path / "transformer-f32.gguf").is_file()
+    assert json.loads((path / "model.json").read_text())["name"] == "dit-a"
+    assert [p.name for p in (home / "models").iterdir()] == ["dit-a"]  # no temp dir left
+
+    listed = {m.name: m for m in models.list_models()}
+    entry = listed["dit-a"]
+    assert entry.installed and entry.quants == ["f32"] and entry.components == {"transformer": ["f32"]}
+    assert entry.size_bytes == (path / "transformer-f32.gguf").stat().st_size + (path / "model.json").stat().st_size
+    assert not entry.has_tokenizer
+    if models.BUILTIN["tiny-wan"].is_dir():
+        assert not listed["tiny-wan"].installed and listed["tiny-wan"].builtin
+
+    assert models.resolve_model("dit-a") == path
+    assert models.resolve_model_arg("dit-a") == path
+    assert models.resolve_model_arg(str(path)) == path
+    with pytest.raises(ModelNotFoundError, match=r"model='nope' is not installed .*available: dit-a"):
+        models.resolve_model("nope")
+
+
+def test_directory_arguments(home, tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        models.resolve_model_arg(str(tmp_path / "missing"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelFileError, match="is not a model directory"):
+        models.resolve_model_arg(str(empty))
+
+
+def test_failed_install_leaves_nothing(home, tmp_path):
+    src = tmp_path / "broken" / "transformer"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\x01\x00")  # truncated header
+    with pytest.raises(ConvertError):
+        models.install_pipeline(src.parent, "broken", ["f32"])
+    assert list((home / "models").iterdir()) == []
+
+
+def test_builtin_converted_on_first_use(home):
+    """tiny-wan ships as a diffusers pipeline and is converted the first time it is named."""
+    src = models.BUILTIN["tiny-wan"]
+    assert src.is_dir(), f"package data {src} missing (made by tools/fixtures/fixtures_pipeline.py)"
+    assert not (home / "models" / "tiny-wan").exists()
+    path = models.resolve_model("tiny-wan")
+    assert path == home / "models" / "tiny-wan"
+    files = sorted(p.name for p in path.iterdir())
+    for name in ("transformer-f32.gguf", "transformer-f16.gguf", "text_encoder-f32.gguf", "vae-f32.gguf",
+                 "tokenizer.json", "model.json"):  # fmt: skip
+        assert name in files, files
+    assert [p.name for p in (home / "models").iterdir()] == ["tiny-wan"]
+    stamp = (path / "transformer-f32.gguf").stat().st_mtime_ns
+    assert models.resolve_model("tiny-wan") == path  # second use: no conversion
+    assert (path / "transformer-f32.gguf").stat().st_mtime_ns == stamp
+    entry = {m.name: m for m in models.list_models()}["tiny-wan"]
+    assert entry.installed and entry.builtin and entry.has_tokenizer and set(entry.quants) == {"f32", "f16"}
+
+
+def test_models_command_lists(home):
+    models.install_pipeline(FIXTURES / "dit_a", "dit-a", ["f32"])
+    env = {**os.environ, "H3RENDER_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([*H3RENDER, "models", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    listed = {m["name"]: m for m in json.loads(out.stdout)}
+    assert listed["dit-a"]["installed"] and listed["dit-a"]["quants"] == ["f32"]
+    table = subprocess.run([*H3RENDER, "models"], capture_output=True, text=True, env={**env, "COLUMNS": "200"}, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert "dit-a" in table.stdout and "installed" in table.stdout
