@@ -86,20 +86,14 @@ static int cfg_int(const gguf_file *g, const char *key, int64_t lo, int64_t hi, 
     return 0;
 }
 
-/* A weight used by matmul or row lookup: (rows, cols) numpy, ne = {cols, rows}.
- * Only F32 and F16 are accepted for tensors whose rows we read directly. */
+/* A weight (rows, cols) in numpy order, i.e. ne = {cols, rows}; gguf_get_tensor
+ * checks presence, every dim and that the type is known. Tensors whose rows we read
+ * directly (embedding, bias tables) must also be F32 or F16. */
 static int get_weight(const gguf_file *g, const char *name, int64_t rows, int64_t cols,
                       int need_rows_readable, const h3r_tensor **out) {
     int rc = gguf_get_tensor(g, name, cols, rows, 1, 1, out);
     if (rc < 0) return rc;
     const h3r_tensor *t = *out;
-    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
-        return h3r_seterr(H3R_ERR_FORMAT,
-                          "%s: tensor '%s' has shape ne=[%lld, %lld, %lld, %lld], expected "
-                          "(%lld, %lld) i.e. ne=[%lld, %lld]", gguf_path(g), name,
-                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                          (long long)t->ne[3], (long long)rows, (long long)cols,
-                          (long long)cols, (long long)rows);
     if (need_rows_readable && t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16)
         return h3r_seterr(H3R_ERR_UNSUPPORTED,
                           "%s: tensor '%s' has type %s; the UMT5 encoder reads it by rows and "
@@ -112,11 +106,9 @@ static int get_norm(const gguf_file *g, const char *name, int d, const float **o
     const h3r_tensor *t;
     int rc = gguf_get_tensor(g, name, d, 1, 1, 1, &t);
     if (rc < 0) return rc;
-    if (t->ne[0] != d || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return h3r_seterr(H3R_ERR_FORMAT, "%s: tensor '%s' has %lld x %lld x %lld x %lld "
-                          "elements, expected a vector of %d", gguf_path(g), name,
-                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                          (long long)t->ne[3], d);
+    if (t->type != GGML_TYPE_F32)
+        return h3r_seterr(H3R_ERR_FORMAT, "%s: tensor '%s' has type %s; norm weights must be F32",
+                          gguf_path(g), name, ggml_type_name(t->type));
     return tensor_f32(t, out);
 }
 
