@@ -285,18 +285,23 @@ void op_silu(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-/* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+/*
+ * gelu(approximate="tanh") = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * Computed as the identical x / (1 + exp(-2u)): for negative x, 1 + tanh(u)
+ * cancels and loses up to ~5e-5 relative in float; the sigmoid form does not.
+ */
 void op_gelu_tanh(float *x, int64_t n) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    const float c2 = 1.5957691216057308f; /* 2 sqrt(2/pi) */
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+        x[i] = v / (1.0f + expf(-c2 * (v + 0.044715f * v * v * v)));
     }
 }
 
-/* 0.5 x (1 + erf(x / sqrt(2))) */
+/* Exact gelu 0.5 x (1 + erf(x / sqrt(2))), computed as the identical
+ * 0.5 x erfc(-x / sqrt(2)), which does not cancel for negative x. */
 void op_gelu_erf(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f));
+    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * erfcf(-x[i] * 0.7071067811865476f);
 }
 
 void op_add(float *y, const float *x, int64_t n) {
