@@ -197,6 +197,9 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
     except (EngineError, ConvertError, VideoError, OSError) as exc:
         err.print(f"[bold red]render failed:[/] {exc}", highlight=False)
         return 1
+    except KeyboardInterrupt:  # the engine stopped within a step; partial files were removed
+        err.print("[bold red]canceled[/]", highlight=False)
+        return 130
     elapsed = time.monotonic() - started
     summary = {
         "model": str(model_dir), "seed": req.seed, "width": req.width, "height": req.height,
