@@ -283,8 +283,9 @@ static int read_kv(cursor *c, gguf_kv *kv) {
         kv->v.i = b[0];
         break;
     default:
-        kv->v.i = rd_int_at(b, (int)t, &kv->v.u);
-        if (t != GV_UINT64) kv->v.u = 0;
+        /* v is a union: for uint64 v.u holds the value (v.i the same bits),
+         * for every other integer type v.i holds it sign- or zero-extended. */
+        kv->v.i = rd_int_at(b, (int)t, NULL);
         break;
     }
     c->pos += GV_SIZES[t];
