@@ -1,0 +1,432 @@
+"""`h3render enqueue | sweep | status | cancel | retry`: thin commands over h3render.queue.
+
+Numbers are taken as text and converted leniently, so a bad value reaches the job
+model and comes back with the field, the rule and the nearest valid value (exit 2)
+instead of a bare "not a valid integer".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from h3render.queue.errors import JobValidationError, NotFoundError, Problem, QueueError, QueueInputError
+
+INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps")
+FLOAT_FIELDS = ("guidance", "shift")
+TEXT_FIELDS = ("prompt", "negative_prompt", "sampler", "quant", "model", "priority")
+
+
+# ---- shared plumbing ---------------------------------------------------------------------------
+
+
+def handle_errors(fn):
+    """Map queue errors to exit codes with a message: input 2, everything else 1. Never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        as_json = kwargs.get("as_json", False)
+        try:
+            return fn(*args, **kwargs)
+        except JobValidationError as e:
+            _fail(e.to_dict() if as_json else "invalid job:\n" + "\n".join(f"  {p}" for p in e.problems), 2, as_json)
+        except (QueueInputError, NotFoundError) as e:
+            _fail({"error": str(e)} if as_json else str(e), 2, as_json)
+        except QueueError as e:
+            _fail({"error": str(e)} if as_json else str(e), 1, as_json)
+        except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a bug or an unexpected failure: say what, exit 1
+            _fail({"error": f"{type(e).__name__}: {e}"} if as_json else f"error: {type(e).__name__}: {e}", 1, as_json)
+
+    return wrapper
+
+
+def _fail(message: Any, code: int, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(message))
+    else:
+        click.echo(message, err=True)
+    sys.exit(code)
+
+
+def _settings():
+    from h3render.settings import Settings
+
+    return Settings()
+
+
+def _redis(settings):
+    from h3render.queue.connection import get_redis
+
+    return get_redis(settings)
+
+
+def lenient(name: str, text: str | None) -> Any:
+    """Flag text to the type the field wants when it reads as one; else the text itself."""
+    if text is None:
+        return None
+    t = text.strip()
+    if name in INT_FIELDS:
+        if name == "seed" and t == "random":
+            return t
+        try:
+            return int(t)
+        except ValueError:
+            try:
+                return float(t)  # 30.0 or 1e3: the model names the rule and rounds
+            except ValueError:
+                return text
+    if name in FLOAT_FIELDS:
+        try:
+            return float(t)
+        except ValueError:
+            return text
+    return text
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """--option key=value (repeatable) -> engine_options; true/false/numbers are typed."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise JobValidationError([Problem("--option", pair, "must be key=value", f"{pair.strip() or 'key'}=1")])
+        k, v = pair.split("=", 1)
+        low = v.strip().lower()
+        if low in ("true", "false"):
+            out[k.strip()] = low == "true"
+            continue
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            try:
+                out[k.strip()] = float(v)
+            except ValueError:
+                out[k.strip()] = v
+    return out
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+# ---- enqueue -----------------------------------------------------------------------------------
+
+_job_options = [
+    click.option("--negative-prompt", "negative_prompt", default=None, help="default: the model's"),
+    click.option("--seed", default=None, help='non-negative integer or "random" (default; drawn and recorded now)'),
+    click.option("--width", default=None),
+    click.option("--height", default=None),
+    click.option("--frames", default=None, help="Wan: 4k+1"),
+    click.option("--steps", default=None),
+    click.option("--guidance", default=None),
+    click.option("--shift", default=None),
+    click.option("--sampler", default=None, help="unipc or euler"),
+    click.option("--quant", default=None, help="quant level of the DiT (f16, q8_0, ...)"),
+    click.option("--model", default=None, help="model name (default tiny-wan)"),
+    click.option("--fps", default=None),
+]
+
+
+def job_options(fn):
+    for opt in reversed(_job_options):
+        fn = opt(fn)
+    return fn
+
+
+@click.command()
+@click.option("--prompt", required=True, help="what to render")
+@job_options
+@click.option("--priority", default=None, help="normal or high (high goes to the front of the queue)")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="engine-specific option")
+@click.option("--wait", is_flag=True, help="show a live progress bar until the job ends")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@handle_errors
+def enqueue(prompt: str, options: tuple[str, ...], wait: bool, as_json: bool, **fields: str | None) -> None:
+    """Queue one render and print its job id."""
+    from h3render.queue.enqueue import enqueue as do_enqueue
+
+    payload: dict[str, Any] = {"prompt": prompt}
+    payload.update({k: lenient(k, v) for k, v in fields.items() if v is not None})
+    if options:
+        payload["engine_options"] = parse_options(options)
+    from h3render.queue.job import RenderJob
+
+    RenderJob.parse(payload)  # static rules before touching Redis
+    settings = _settings()
+    r = _redis(settings)
+    res = do_enqueue(r, payload, settings)
+    job_id = res.job_ids[0]
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "estimate_s": round(res.seconds, 1)}))
+    else:
+        click.echo(job_id)
+        click.echo(f"estimated run time {fmt_s(res.seconds)} ({res.time_source})", err=True)
+    if wait:
+        sys.exit(wait_for(r, [job_id], quiet=as_json))
+
+
+def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5) -> int:
+    """Progress bar until every job ends; 0 if all finished, 1 otherwise."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from h3render.queue.job import JobPhase
+    from h3render.queue.status import job_rows
+
+    n = len(job_ids)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), disable=quiet, transient=False) as progress:
+        task = progress.add_task("queued", total=1000, info="")
+        while True:
+            rows = job_rows(r, job_ids)
+            done = [row for row in rows if JobPhase(row.state).terminal]
+            if n == 1 and rows:
+                row = rows[0]
+                step = f"step {row.step}/{row.steps}" if row.step is not None and row.steps else ""
+                info = " ".join(x for x in (step, f"ETA {fmt_s(row.eta_s)}" if row.eta_s is not None else "") if x)
+                progress.update(task, description=row.state, completed=int(1000 * (row.progress or 0)), info=info)
+            else:
+                frac = sum((row.progress or 0) if not JobPhase(row.state).terminal else 1 for row in rows) / max(n, 1)
+                progress.update(task, description=f"{len(done)}/{n} done", completed=int(1000 * frac), info="")
+            if len(done) == len(rows):
+                break
+            time.sleep(poll_s)
+    for row in rows:
+        if not quiet:
+            where = row.output_dir or row.error or ""
+            click.echo(f"{row.id} {row.state} {where}")
+    return 0 if all(row.state == JobPhase.finished.value for row in rows) else 1
+
+
+# ---- sweep -------------------------------------------------------------------------------------
+
+_AXIS_FLAGS = ("seed", "steps", "quant", "guidance", "shift", "sampler", "model", "width", "height", "frames", "fps")
+
+
+def sweep_options(fn):
+    for name in reversed(_AXIS_FLAGS):
+        fn = click.option(f"--{name}", name, multiple=True, help=None)(fn)
+    fn = click.option("--negative-prompt", "negative_prompt", multiple=True)(fn)
+    fn = click.option("--prompt", "prompt", multiple=True, help="repeat for several prompts")(fn)
+    return fn
+
+
+@click.command()
+@click.option("--file", "toml_file", type=click.Path(dir_okay=False), default=None, help="TOML file with the axes")
+@sweep_options
+@click.option("--preview", is_flag=True, help="render every combination small and short first")
+@click.option("--priority", default=None)
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE")
+@click.option("--dry-run", is_flag=True, help="validate and estimate; enqueue nothing")
+@click.option("--wait", is_flag=True, help="progress bar until every job ends")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def sweep(toml_file, preview, priority, options, dry_run, wait, as_json, **axes_flags) -> None:
+    """Queue a grid of renders: --seed 1-8 --steps 20,30 --quant q8_0,q4_0 --prompt A --prompt B."""
+    from h3render.queue import sweep as sw
+    from h3render.queue.enqueue import enqueue_planned, plan
+    from h3render.queue.job import new_sweep_id
+
+    fixed: dict[str, Any] = {}
+    axes: dict[str, list[Any]] = {}
+    if toml_file:
+        try:
+            text = Path(toml_file).read_text()
+        except OSError as e:
+            raise QueueInputError(f"--file {toml_file!r}: cannot read it: {e.strerror or e}") from None
+        fixed, axes, file_preview = sw.from_toml(text)
+        preview = preview or file_preview
+    flag_fixed, flag_axes = sw.from_flags({k: v for k, v in axes_flags.items() if v})
+    for k in flag_fixed:
+        axes.pop(k, None)
+    for k in flag_axes:
+        fixed.pop(k, None)
+    fixed.update(flag_fixed)
+    axes.update(flag_axes)
+    if priority is not None:
+        fixed["priority"] = priority
+    if options:
+        fixed["engine_options"] = parse_options(options)
+    if "prompt" not in fixed and "prompt" not in axes:
+        raise JobValidationError([Problem("prompt", None, "is required: give --prompt (repeatable) or prompt in --file", None)])
+    settings = _settings()
+    r = _redis(settings)
+    planned = plan(r, sw.expand(fixed, axes), settings, preview=preview)
+    total = sum(p.seconds for p in planned)
+    summary = {"jobs": len(planned), "preview_jobs": sum(1 for p in planned if p.preview_of),
+               "axes": {k: len(v) for k, v in axes.items()}, "estimate_s": round(total, 1),
+               "estimate_source": ", ".join(sorted({p.time_source for p in planned}))}
+    if dry_run:
+        click.echo(json.dumps(summary) if as_json else
+                   f"dry run: {summary['jobs']} jobs, estimated {fmt_s(total)} ({summary['estimate_source']})")
+        return
+    res = enqueue_planned(r, planned, settings, sweep_id=new_sweep_id(),
+                          sweep_record={"axes": axes, "fixed": fixed, "preview": int(preview)})
+    if as_json:
+        click.echo(json.dumps({"sweep_id": res.sweep_id, **summary}))
+    else:
+        click.echo(res.sweep_id)
+        pv = f" ({summary['preview_jobs']} previews first)" if preview else ""
+        click.echo(f"{len(res.job_ids)} jobs{pv}, estimated total {fmt_s(total)} ({summary['estimate_source']})",
+                   err=True)
+    if wait:
+        sys.exit(wait_for(r, res.job_ids, quiet=as_json))
+
+
+# ---- status ------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("ident", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--watch", is_flag=True, help="refresh until the job or sweep ends (Ctrl-C to leave)")
+@click.option("--interval", default=2.0, type=float, show_default=True, help="seconds between refreshes")
+@click.option("--limit", default=50, type=int, show_default=True, help="jobs shown without an id")
+@handle_errors
+def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit: int) -> None:
+    """Jobs with state, progress, ETA and output; a job or sweep id narrows it; worker health last."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from h3render.queue import status as st
+    from h3render.queue.job import JobPhase
+
+    settings = _settings()
+    r = _redis(settings)
+    kind = st.find(r, ident) if ident else None
+
+    def snapshot() -> dict[str, Any]:
+        if kind == "job":
+            rows = [st.job_status(r, ident)]
+            data: dict[str, Any] = {"job": rows[0].to_dict()}
+        elif kind == "sweep":
+            sw = st.sweep_status(r, ident)
+            rows = sw["rows"]
+            data = {"sweep_id": ident, "record": sw["record"], "summary": sw["summary"]}
+        else:
+            rows = st.job_rows(r, st.recent_job_ids(r, settings, limit))
+            data = {"summary": st.summarize(rows)}
+        data["jobs"] = [row.to_dict() for row in rows]
+        data["workers"] = st.worker_health(r)
+        data["_rows"] = rows
+        return data
+
+    def finished(data) -> bool:
+        return kind is not None and all(JobPhase(row.state).terminal for row in data["_rows"])
+
+    if as_json:
+        while True:
+            data = snapshot()
+            rows = data.pop("_rows")
+            click.echo(json.dumps(data, default=str))
+            if not watch or finished({"_rows": rows}):
+                return
+            time.sleep(interval)
+    console = Console()
+    if not watch:
+        console.print(render_status(snapshot(), kind))
+        return
+    with Live(render_status(snapshot(), kind), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            data = snapshot()
+            live.update(render_status(data, kind))
+            if finished(data):
+                return
+
+
+def render_status(data: dict[str, Any], kind: str | None):
+    """A rich renderable: the job table, a summary line and one health line per worker."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from h3render.queue.status import health_line
+
+    table = Table(show_lines=False, pad_edge=False)
+    for col in ("job", "state", "progress", "ETA", "output / error", "parameters"):
+        table.add_column(col, overflow="fold")
+    colors = {"finished": "green", "failed": "red", "canceled": "yellow", "queued": "dim"}
+    for row in data["_rows"]:
+        prog = f"{row.step}/{row.steps}" if row.step is not None and row.steps else (
+            f"{100 * row.progress:.0f}%" if row.progress is not None else "-")
+        state = row.state + (" (preview)" if row.preview else "")
+        table.add_row(row.id, Text(state, style=colors.get(row.state, "cyan")), prog, fmt_s(row.eta_s),
+                      row.output_dir or row.error or "", row.label)
+    parts: list[Any] = [table]
+    summary = data.get("summary")
+    if summary:
+        states = ", ".join(f"{v} {k}" for k, v in sorted(summary["states"].items()))
+        head = f"sweep {data['sweep_id']}: " if kind == "sweep" else ""
+        parts.append(Text(f"{head}{summary['done']}/{summary['jobs']} done ({states}); "
+                          f"remaining ~{fmt_s(summary['remaining_s'])}"))
+    workers = data.get("workers") or []
+    parts += [Text(health_line(w)) for w in workers] or [Text("no worker has published health (none running?)")]
+    return Group(*parts)
+
+
+# ---- cancel / retry ----------------------------------------------------------------------------
+
+
+def _report(outcome, verb: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(outcome.to_dict()))
+    else:
+        for job_id in outcome.done:
+            click.echo(f"{verb} {job_id}")
+        for job_id, why in outcome.skipped.items():
+            click.echo(f"skipped {job_id}: {why}", err=True)
+
+
+@click.command()
+@click.argument("job_id", required=False)
+@click.option("--sweep", "sweep_id", default=None, help="cancel every job of this sweep")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def cancel(job_id: str | None, sweep_id: str | None, as_json: bool) -> None:
+    """Stop a job within one step (or before it starts); it ends canceled, not failed."""
+    from h3render.queue import control
+
+    if bool(job_id) == bool(sweep_id):
+        raise QueueInputError("give exactly one of JOB_ID or --sweep ID")
+    r = _redis(_settings())
+    outcome = control.cancel_sweep(r, sweep_id) if sweep_id else control.cancel(r, job_id)
+    _report(outcome, "cancel requested for", as_json)
+    if job_id and not outcome.done:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("job_id", required=False)
+@click.option("--sweep", "sweep_id", default=None, help="retry the jobs of this sweep")
+@click.option("--failed", "failed_only", is_flag=True, help="only failed jobs, not canceled ones")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def retry(job_id: str | None, sweep_id: str | None, failed_only: bool, as_json: bool) -> None:
+    """Requeue a failed or canceled job, or those of a sweep."""
+    from h3render.queue import control
+
+    if bool(job_id) == bool(sweep_id):
+        raise QueueInputError("give exactly one of JOB_ID or --sweep ID")
+    settings = _settings()
+    r = _redis(settings)
+    if sweep_id:
+        outcome = control.retry_sweep(r, sweep_id, settings, failed_only)
+    else:
+        outcome = control.retry(r, job_id, settings, failed_only)
+    _report(outcome, "requeued", as_json)
+    if job_id and not outcome.done:
+        sys.exit(1)

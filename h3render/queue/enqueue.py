@@ -1,0 +1,190 @@
+"""Enqueue jobs and sweeps: validate, resolve, estimate, then one Redis pipeline for all of them.
+
+Every job goes to rq Queue(settings.queue_name) with the JSON serializer, names
+RENDER_FUNC (the only function a worker runs), carries kwargs={"job": payload},
+a job_timeout from its estimate, 30-day result/failure TTLs and Retry from the
+settings. Sweeps also write "h3render:sweep:<id>" (hash), "h3render:sweep:<id>:jobs"
+(list, in run order) and add the id to "h3render:sweeps"; all in the same
+MULTI/EXEC, so a sweep is queued whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from rq import Queue, Retry
+from rq.serializers import JSONSerializer
+
+from h3render.queue import estimate as est
+from h3render.queue.engine_info import engine_info
+from h3render.queue.errors import JobValidationError, Problem
+from h3render.queue.job import RENDER_FUNC, JobPhase, RenderJob, new_job_id, new_sweep_id
+from h3render.queue.sweep import expand, preview_version
+from h3render.queue.validation import resolve
+from h3render.settings import Settings
+
+SWEEP_KEY = "h3render:sweep:{id}"
+SWEEP_JOBS_KEY = "h3render:sweep:{id}:jobs"
+SWEEPS_KEY = "h3render:sweeps"
+
+
+def queue(r: redis.Redis, settings: Settings) -> Queue:
+    """The one queue every front end and worker uses, always with the JSON serializer."""
+    return Queue(settings.queue_name, connection=r, serializer=JSONSerializer)
+
+
+@dataclass
+class Planned:
+    """One job ready to enqueue: its id, the resolved job and its estimate."""
+
+    job_id: str
+    job: RenderJob
+    seconds: float
+    time_source: str = "default"  # TimeModel.source of the estimate
+    preview_of: str | None = None
+
+
+@dataclass
+class EnqueueResult:
+    job_ids: list[str]
+    seconds: float  # estimated total run time
+    time_source: str  # "default" or "measured from N jobs"
+    sweep_id: str | None = None
+    preview_ids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "sweep_id": self.sweep_id,
+            "jobs": len(self.job_ids),
+            "job_ids": self.job_ids,
+            "preview_jobs": len(self.preview_ids),
+            "estimate_s": round(self.seconds, 1),
+            "estimate_source": self.time_source,
+        }
+
+
+def plan(
+    r: redis.Redis,
+    payloads: Sequence[Mapping[str, Any]],
+    settings: Settings,
+    preview: bool = False,
+    rng: random.Random | None = None,
+) -> list[Planned]:
+    """Validate and resolve every payload; with preview, small versions of all come first.
+
+    Raises JobValidationError with every distinct problem (a sweep with one bad fixed
+    field reports it once, not once per job).
+    """
+    infos: dict[str, dict] = {}
+    models: dict[tuple[str, str], est.TimeModel] = {}
+    problems: list[Problem] = []
+    full: list[Planned] = []
+    for payload in payloads:
+        try:
+            job = RenderJob.parse(dict(payload))
+            info = engine_info(r, job.model, infos)
+            job = resolve(job, info, rng)
+        except JobValidationError as e:
+            problems.extend(p for p in e.problems if p not in problems)
+            continue
+        key = (job.model, str(job.quant))
+        if key not in models:
+            samples = est.measured_samples(r, settings.queue_name, *key)
+            models[key] = est.fit(samples, info, est.default_model(settings))
+        tm = models[key]
+        full.append(Planned(new_job_id(), job, est.job_seconds(job, info, tm), tm.source))
+    if problems:
+        raise JobValidationError(problems)
+    if not preview:
+        return full
+    small = []
+    for p in full:
+        info = infos[p.job.model]
+        pj = preview_version(p.job, info)
+        tm = models[(pj.model, str(pj.quant))]
+        small.append(Planned(new_job_id(), pj, est.job_seconds(pj, info, tm), tm.source, p.job_id))
+    return small + full
+
+
+def enqueue_planned(
+    r: redis.Redis,
+    planned: Sequence[Planned],
+    settings: Settings,
+    sweep_id: str | None = None,
+    sweep_record: Mapping[str, Any] | None = None,
+) -> EnqueueResult:
+    """Put every planned job (and the sweep record, if any) on the queue in one MULTI/EXEC."""
+    q = queue(r, settings)
+    retry = Retry(max=settings.retry_max, interval=settings.retry_intervals_s) if settings.retry_max > 0 else None
+    host = socket.gethostname()
+    now = time.time()
+    datas = []
+    for i, p in enumerate(planned):
+        meta = {
+            "state": JobPhase.queued.value,
+            "estimate": {"seconds": round(p.seconds, 2), "bytes": None},
+            "sweep_id": sweep_id,
+            "index": i,
+            "preview": p.preview_of is not None,
+            "preview_of": p.preview_of,
+            "enqueued_by": host,
+            "enqueued_at": now,
+        }
+        datas.append(Queue.prepare_data(
+            RENDER_FUNC,
+            kwargs={"job": p.job.payload()},
+            timeout=est.timeout_for(p.seconds, settings),
+            result_ttl=settings.result_ttl_s,
+            failure_ttl=settings.failure_ttl_s,
+            description=p.job.label(),
+            job_id=p.job_id,
+            at_front=p.job.priority == "high",
+            meta={"h3r": meta},
+            retry=retry,
+        ))
+    # at_front jobs are LPUSHed one by one: push them last-first so they run in plan order.
+    front = [d for d in datas if d.at_front][::-1]
+    back = [d for d in datas if not d.at_front]
+    pipe = r.pipeline(transaction=True)
+    q.enqueue_many(back + front, pipeline=pipe)
+    if sweep_id is not None:
+        pipe.hset(SWEEP_KEY.format(id=sweep_id), mapping={
+            k: (v if isinstance(v, (str, int, float)) else json.dumps(v)) for k, v in (sweep_record or {}).items()
+        } | {"created_at": now, "jobs": len(planned), "estimate_s": sum(p.seconds for p in planned)})
+        pipe.rpush(SWEEP_JOBS_KEY.format(id=sweep_id), *[p.job_id for p in planned])
+        pipe.sadd(SWEEPS_KEY, sweep_id)
+    pipe.execute()
+    return EnqueueResult(
+        job_ids=[p.job_id for p in planned],
+        seconds=sum(p.seconds for p in planned),
+        time_source=", ".join(sorted({p.time_source for p in planned})) or "default",
+        sweep_id=sweep_id,
+        preview_ids=[p.job_id for p in planned if p.preview_of],
+    )
+
+
+def enqueue(r: redis.Redis, payload: Mapping[str, Any], settings: Settings) -> EnqueueResult:
+    """Validate, resolve and enqueue one job; its id is result.job_ids[0]."""
+    return enqueue_planned(r, plan(r, [payload], settings), settings)
+
+
+def enqueue_sweep(
+    r: redis.Redis,
+    fixed: Mapping[str, Any],
+    axes: Mapping[str, list[Any]],
+    settings: Settings,
+    preview: bool = False,
+    rng: random.Random | None = None,
+) -> EnqueueResult:
+    """Expand the grid, validate every job, and enqueue the sweep in one pipeline."""
+    planned = plan(r, expand(fixed, axes), settings, preview=preview, rng=rng)
+    sweep_id = new_sweep_id()
+    record = {"axes": axes, "fixed": fixed, "preview": int(preview)}
+    return enqueue_planned(r, planned, settings, sweep_id=sweep_id, sweep_record=record)
