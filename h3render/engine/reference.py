@@ -1,7 +1,8 @@
 """An independent float64 numpy forward of the Wan 2.1 DiT, for verify mode.
 
 It reads weights and config from a converted ``transformer-<quant>.gguf`` with
-gguf-py's ``GGUFReader`` (not our C reader), dequantizes each weight to float64
+gguf-py's ``GGUFReader`` (not our C reader), or from the diffusers source folder
+with ``safetensors`` (to catch conversion bugs), turns each weight into float64
 when it is used, and computes diffusers' ``WanTransformer3DModel`` forward (text
 to video) in float64 with plain numpy: conv3d patch embedding, sinusoidal time
 embedding, 3-D rope, RMS-normed q/k attention, gated FFN, AdaLN head.
@@ -67,9 +68,6 @@ class GGUFWeights:
             return default
         return field.contents()
 
-    def has(self, name: str) -> bool:
-        return name in self._tensors
-
     def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Tensor `name` as float64 in its original shape, checked against `shape`."""
         from gguf import GGMLQuantizationType as Q
@@ -85,14 +83,81 @@ class GGUFWeights:
         original = self.meta(f"h3r.shape.{name}")
         if original is not None:
             arr = arr.reshape([int(d) for d in original])
-        if shape is not None and tuple(arr.shape) != tuple(shape):
-            raise ReferenceError(
-                f"{self.path}: tensor '{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}"
-            )
-        return arr
+        return _checked(self.path, name, arr, shape)
 
 
-def read_config(w: GGUFWeights) -> DitConfig:
+class DiffusersWeights:
+    """Config and float64 tensors straight from a diffusers ``transformer/`` folder.
+
+    Read with the ``safetensors`` package, so a converter bug (a tensor renamed,
+    reshaped or rounded wrongly) shows up as a difference against the engine.
+    Accepts the pipeline folder (with ``transformer/``) or the transformer folder.
+    """
+
+    def __init__(self, folder: Path | str):
+        import json
+
+        folder = Path(folder)
+        if (folder / "transformer" / "config.json").is_file():
+            folder = folder / "transformer"
+        self.path = folder
+        cfg_path = folder / "config.json"
+        try:
+            self._config = json.loads(cfg_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ReferenceError(f"{cfg_path}: cannot read the transformer config: {exc}") from None
+        index = folder / "diffusion_pytorch_model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._where = {name: folder / shard for name, shard in weight_map.items()}
+        else:
+            from safetensors import safe_open
+
+            self._where = {}
+            for f in sorted(folder.glob("*.safetensors")):
+                with safe_open(f, framework="numpy") as st:
+                    self._where.update({name: f for name in st.keys()})
+        if not self._where:
+            raise ReferenceError(f"{folder}: no .safetensors weights")
+
+    def meta(self, key: str, default=None):
+        if not key.startswith("h3r.") or key.startswith("h3r.shape."):
+            return default  # tensors keep their original shapes here
+        value = self._config.get(key[len("h3r."):])
+        return default if value is None else value
+
+    def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        from safetensors import safe_open
+
+        f = self._where.get(name)
+        if f is None:
+            raise ReferenceError(f"{self.path}: tensor '{name}' is missing")
+        try:
+            with safe_open(f, framework="numpy") as st:
+                arr = np.asarray(st.get_tensor(name), dtype=np.float64)
+        except (TypeError, ValueError) as exc:  # e.g. bf16, which numpy cannot hold
+            raise ReferenceError(f"{f}: tensor '{name}' cannot be read as numpy: {exc}") from None
+        return _checked(f, name, arr, shape)
+
+
+Weights = GGUFWeights | DiffusersWeights
+
+
+def open_weights(path: Path | str) -> Weights:
+    """A converted ``transformer-<quant>.gguf`` file, or a diffusers folder."""
+    path = Path(path)
+    return DiffusersWeights(path) if path.is_dir() else GGUFWeights(path)
+
+
+def _checked(path: Path, name: str, arr: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        raise ReferenceError(
+            f"{path}: tensor '{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}"
+        )
+    return arr
+
+
+def read_config(w: Weights) -> DitConfig:
     def req(key: str):
         v = w.meta(f"h3r.{key}")
         if v is None:
@@ -126,7 +191,7 @@ def read_config(w: GGUFWeights) -> DitConfig:
 # ---------------------------------------------------------------- pieces
 
 
-def _linear(w: GGUFWeights, prefix: str, x: np.ndarray, n_in: int, n_out: int) -> np.ndarray:
+def _linear(w: Weights, prefix: str, x: np.ndarray, n_in: int, n_out: int) -> np.ndarray:
     W = w.tensor(f"{prefix}.weight", (n_out, n_in))
     b = w.tensor(f"{prefix}.bias", (n_out,))
     return x @ W.T + b
@@ -205,10 +270,12 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int) -> np.nd
 
 
 class ReferenceDiT:
-    """diffusers WanTransformer3DModel forward in float64 from a converted GGUF."""
+    """diffusers WanTransformer3DModel forward in float64.
+
+    `path` is a converted transformer GGUF file or a diffusers folder."""
 
     def __init__(self, path: Path | str):
-        self.weights = GGUFWeights(path)
+        self.weights = open_weights(path)
         self.config = read_config(self.weights)
 
     def _attn(self, prefix: str, xq: np.ndarray, xkv: np.ndarray, ang: np.ndarray | None):
