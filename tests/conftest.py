@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+pytest_plugins = ["redis_fixture"]
+
 import os
 from pathlib import Path
 
