@@ -1,0 +1,406 @@
+"""The render task: the only function a job may name (h3render.worker.render.render_job).
+
+It runs inside rq's work horse (a fresh spawned process per job), so it owns the
+engine for exactly one render and all memory goes back to the OS afterwards.
+
+    validate (RenderJob, resolved)        -> PermanentJobError on failure
+    resolve the model by name             -> PermanentJobError when missing
+    admission (memory estimate vs now)    -> waits, then RetryableJobError
+    engine: load, encode, denoise, decode -> progress/ETA/peak RSS into meta each tick;
+                                             cancel key polled each tick; heat pause
+                                             between denoising steps
+    outputs: video.mp4, poster.png, meta.json, written under temporary names and renamed
+
+Failures are classified here (see `classify`): permanent ones set the job's
+retries_left to 0 so rq does not retry them; transient ones keep rq's Retry.
+A cancel returns normally with meta state "canceled"; the worker then moves the
+job to rq's canceled registry (the horse's own bookkeeping would say finished).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+from h3render.queue.job import JobPhase, RenderJob
+from h3render.settings import Settings
+from h3render.worker import admission as adm
+from h3render.worker.health import Readings, decide_thermal
+from h3render.worker.sensors import read_readings
+
+ALLOWED_FUNC = "h3render.worker.render.render_job"
+CANCEL_KEY = "h3render:cancel:{id}"
+PHASE_STATE = {"load": JobPhase.loading, "encode": JobPhase.encoding,
+               "denoise": JobPhase.denoising, "decode": JobPhase.decoding}
+THERMAL_CHECK_MIN_S = 2.0  # at most one sensor read per this many seconds during a render
+
+
+class JobError(Exception):
+    """A render failed; `retryable` says whether rq may try again."""
+
+    retryable = True
+
+    def __init__(self, message: str, engine_error: str = ""):
+        super().__init__(message)
+        self.engine_error = engine_error
+
+
+class PermanentJobError(JobError):
+    retryable = False
+
+
+class RetryableJobError(JobError):
+    retryable = True
+
+
+class NotEnoughMemory(RetryableJobError):
+    pass
+
+
+class ThermalAbort(RetryableJobError):
+    pass
+
+
+class WorkerLost(RetryableJobError):
+    pass
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def classify(exc: BaseException, engine_error: str = "") -> JobError:
+    """Map any exception from a render to a permanent or retryable JobError."""
+    from h3render.engine import exceptions as E
+
+    if isinstance(exc, JobError):
+        return exc
+    msg = f"{type(exc).__name__}: {exc}"
+    permanent = (E.NumericError, E.InvalidRequestError, E.ModelFileError, E.UnsupportedError)
+    if isinstance(exc, permanent):
+        return PermanentJobError(msg, engine_error)
+    if isinstance(exc, (E.EngineOutOfMemoryError, MemoryError)):
+        return RetryableJobError("out of memory: " + msg, engine_error)
+    return RetryableJobError(msg, engine_error)
+
+
+class _Meta:
+    """job.meta["h3r"], saved on every update (cheap: one HSET)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.data = dict(job.meta.get("h3r") or {}) if job is not None else {}
+
+    def update(self, **kw) -> None:
+        self.data.update({k: (v.value if isinstance(v, JobPhase) else v) for k, v in kw.items()})
+        if self.job is not None:
+            self.job.meta["h3r"] = self.data
+            self.job.save_meta()
+
+
+def _output_dir(settings: Settings, job_id: str, sweep_id: str | None) -> Path:
+    group = sweep_id or dt.date.today().isoformat()
+    for part in (group, job_id):  # ids only, never prompt text
+        if not part or "/" in part or part.startswith(".") or os.sep in part:
+            raise PermanentJobError(f"id {part!r} cannot name an output folder")
+    return Path(settings.renders_dir()) / group / job_id
+
+
+def _write_json_atomic(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def available_memory(r: Readings) -> int | None:
+    """Bytes a new render can use now: the smallest of the estimates we have
+    (psutil available; macOS free percentage of RAM; a cgroup's remaining limit)."""
+    m = r.memory
+    cands = []
+    if m.available_bytes is not None:
+        cands.append(m.available_bytes)
+    if m.free_percent is not None and m.total_bytes:
+        cands.append(m.total_bytes * m.free_percent // 100)
+    return min(cands) if cands else None
+
+
+def render_job(job: dict) -> dict:
+    """rq entry point. Returns a small summary (JSON-serializable) on success or cancel."""
+    from rq import get_current_job
+
+    rq_job = get_current_job()
+    settings = Settings()
+    meta = _Meta(rq_job)
+    job_id = rq_job.id if rq_job is not None else "local"
+    parent = os.getppid()
+    try:
+        return _render(job, rq_job, settings, meta, job_id, parent)
+    except BaseException as exc:  # noqa: BLE001 - classified, recorded, re-raised
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        err = classify(exc, meta.data.get("engine_error", ""))
+        meta.update(state=JobPhase.failed, error=str(err), retryable=err.retryable,
+                    engine_error=err.engine_error or meta.data.get("engine_error", ""),
+                    failed_at=time.time(), peak_rss=peak_rss_bytes())
+        if rq_job is not None and not err.retryable:
+            rq_job.retries_left = 0  # rq's handle_job_failure reads this: no retry
+        if err is exc:
+            raise
+        raise err from exc
+
+
+def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
+            parent: int) -> dict:
+    from h3render.engine import models
+    from h3render.engine.exceptions import EngineCanceled, EngineError
+    from h3render.queue.errors import JobValidationError
+
+    t0 = time.time()
+    timings: dict[str, float] = {}
+    health: list[dict] = []
+    meta.update(host=socket.gethostname(), pid=os.getpid(), started_at=t0, pauses=[],
+                attempt=int(meta.data.get("attempt", 0)) + 1, error=None, engine_error="")
+
+    # -- validate
+    try:
+        job = RenderJob.parse(payload)
+    except JobValidationError as e:
+        raise PermanentJobError(f"invalid job: {e}") from None
+    if not job.resolved:
+        missing = [k for k in ("seed", "negative_prompt", "width", "height", "frames", "steps",
+                               "guidance", "shift", "sampler", "quant", "fps")
+                   if getattr(job, k) in (None, "random")]
+        raise PermanentJobError(f"invalid job: fields {missing} were not resolved at enqueue "
+                                "(enqueue through h3render.queue, which fills the model's defaults)")
+
+    # -- model
+    try:
+        model_dir = models.resolve_model(job.model)
+    except EngineError as e:
+        raise PermanentJobError(f"missing model: {e}", e.message) from None
+    weights = adm.weight_bytes_on_disk(model_dir)
+    if job.quant not in weights:
+        raise PermanentJobError(f"quant={job.quant!r} is not available for model {job.model!r}; "
+                                f"available: {', '.join(sorted(weights)) or 'none'}")
+
+    # -- admission
+    dims = adm.model_dims(model_dir, job.quant)
+    shape = adm.JobShape(width=job.width, height=job.height, frames=job.frames,
+                         guidance=job.guidance, quant=job.quant,
+                         threads=os.cpu_count() or 1)
+    est = adm.estimate_memory(shape, dims, weights[job.quant])
+    deadline = time.time() + settings.admission_wait_limit_s
+    while True:
+        readings = read_readings(settings)
+        health.append(_health_sample(readings))
+        avail = available_memory(readings)
+        if avail is None:
+            meta.update(estimate={**meta.data.get("estimate", {}), **est.as_meta()},
+                        admission="no memory reading on this machine; admitted")
+            break
+        a = adm.admit(shape, dims, weights, avail, settings.admission_headroom_fraction)
+        meta.update(estimate={**meta.data.get("estimate", {}), **est.as_meta()},
+                    admission=a.message)
+        if a.fits:
+            break
+        if time.time() >= deadline:
+            raise NotEnoughMemory(f"not enough memory: {a.message}")
+        meta.update(state=JobPhase.waiting_memory,
+                    reason=f"waiting for memory: {a.message}")
+        _check_cancel_or_parent(rq_job, parent)
+        time.sleep(min(settings.admission_poll_s, max(deadline - time.time(), 0.1)))
+    timings["admission"] = time.time() - t0
+
+    out_dir = _output_dir(settings, job_id, (meta.data.get("sweep_id") or
+                                             _sweep_of(rq_job)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta.update(state=JobPhase.loading, phase="load", output_dir=str(out_dir), reason=None)
+    return _run_engine(job, model_dir, out_dir, settings, meta, rq_job, parent, est, timings,
+                       health, t0)
+
+
+def _sweep_of(rq_job) -> str | None:
+    if rq_job is None:
+        return None
+    h = rq_job.meta.get("h3r") or {}
+    return h.get("sweep_id") or rq_job.meta.get("sweep_id")
+
+
+def _health_sample(r: Readings) -> dict:
+    return {"time": r.time, "available": r.memory.available_bytes,
+            "pressure_level": r.memory.pressure_level, "psi_some": r.memory.psi_some_avg10,
+            "thermal_state": r.thermal.state.value if r.thermal.state else None,
+            "on_battery": r.power.on_battery}
+
+
+def _check_cancel_or_parent(rq_job, parent: int) -> bool:
+    """True when a cancel was requested; raises WorkerLost when our worker died."""
+    if os.getppid() != parent:
+        raise WorkerLost(f"the worker process (pid {parent}) died while this job was running")
+    if rq_job is None:
+        return False
+    return bool(rq_job.connection.exists(CANCEL_KEY.format(id=rq_job.id)))
+
+
+def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settings, meta: _Meta,
+                rq_job, parent: int, est, timings: dict, health: list, t0: float) -> dict:
+    from h3render.engine.binding import FRAME_FINAL, Engine, GenerateRequest
+    from h3render.engine.exceptions import EngineCanceled, EngineError
+    from h3render.engine.video import RenderOutputs
+
+    state = {"phase": "load", "phase_t": time.time(), "step_t": None, "step_times": [],
+             "canceled": False, "last_thermal": 0.0, "prev_readings": None}
+    pauses: list[dict] = []
+
+    def on_progress(phase: str, done: int, total: int) -> bool:
+        now = time.time()
+        if phase != state["phase"]:
+            timings[state["phase"]] = round(timings.get(state["phase"], 0.0) + now - state["phase_t"], 4)
+            state["phase"], state["phase_t"] = phase, now
+        upd = dict(state=PHASE_STATE.get(phase, JobPhase.loading), phase=phase,
+                   done=done, total=total, peak_rss=peak_rss_bytes())
+        if phase == "denoise":
+            if state["step_t"] is not None and done > 0:
+                state["step_times"].append(now - state["step_t"])
+            state["step_t"] = now
+            per = (sum(state["step_times"]) / len(state["step_times"])) if state["step_times"] else None
+            upd.update(step=done, steps=total,
+                       eta_s=round(per * (total - done), 2) if per is not None else None)
+        meta.update(**upd)
+        if _check_cancel_or_parent(rq_job, parent):
+            state["canceled"] = True
+            return True
+        if phase == "denoise" and 0 < done < total:
+            _thermal_pause(settings, meta, state, pauses, health, rq_job, parent)
+            if state["canceled"]:
+                return True
+        return False
+
+    info: dict = {}
+    try:
+        with Engine(model_dir, threads=0) as engine:
+            info = engine.info()
+            meta.update(engine={k: info.get(k) for k in ("engine", "engine_version", "abi", "model")})
+            req = GenerateRequest(
+                width=job.width, height=job.height, frames=job.frames, steps=job.steps,
+                seed=int(job.seed), prompt=job.prompt, negative_prompt=job.negative_prompt or "",
+                guidance=job.guidance, shift=job.shift, sampler=job.sampler, quant=job.quant,
+                options=dict(job.engine_options))
+            if info.get("prompt", "token_ids") == "token_ids":
+                from h3render.engine.tokenize import load_tokenizer
+
+                tok = load_tokenizer(model_dir, int(info["text_len"]))
+                req.prompt_ids = tok.encode(job.prompt).tolist()
+                req.negative_ids = tok.encode(job.negative_prompt or "").tolist()
+            outputs = RenderOutputs(width=job.width, height=job.height, total=job.frames,
+                                    fps=float(job.fps or info.get("fps", 16)),
+                                    video=out_dir / "video.mp4", poster=out_dir / "poster.png")
+            with outputs:
+                def on_frame(kind: int, index: int, rgb) -> bool:
+                    if kind == FRAME_FINAL:
+                        outputs.add(index, rgb)
+                    return False
+
+                try:
+                    engine.generate(req, on_progress=on_progress, on_frame=on_frame)
+                except EngineError as e:
+                    meta.update(engine_error=engine.last_error() or e.message)
+                    if isinstance(e, EngineCanceled) and state["canceled"]:
+                        raise _Canceled() from None
+                    raise
+                now = time.time()
+                timings[state["phase"]] = round(timings.get(state["phase"], 0.0) + now - state["phase_t"], 4)
+                meta.update(state=JobPhase.writing, phase="write")
+                t_w = time.time()
+                written = outputs.close()
+                timings["write"] = round(time.time() - t_w, 4)
+    except _Canceled:
+        meta.update(state=JobPhase.canceled, canceled_at=time.time(), peak_rss=peak_rss_bytes(),
+                    error=None, pauses=pauses)
+        _remove_empty(out_dir)
+        return {"canceled": True, "job_id": rq_job.id if rq_job else None}
+
+    timings["total"] = round(time.time() - t0, 4)
+    doc = {
+        "job_id": rq_job.id if rq_job else None,
+        "sweep_id": meta.data.get("sweep_id"),
+        "parameters": job.payload(),
+        "engine": info,
+        "model_dir_name": model_dir.name,
+        "timings_s": timings,
+        "step_times_s": [round(s, 4) for s in state["step_times"]],
+        "peak_rss": peak_rss_bytes(),
+        "estimate": est.as_meta(),
+        "health": health,
+        "pauses": pauses,
+        "host": socket.gethostname(),
+        "attempt": meta.data.get("attempt"),
+        "outputs": {k: Path(v).name for k, v in written.items()},
+        "finished_at": time.time(),
+    }
+    _write_json_atomic(out_dir / "meta.json", doc)
+    meta.update(state=JobPhase.finished, phase="done", output_dir=str(out_dir),
+                peak_rss=doc["peak_rss"], timings=timings, eta_s=0, pauses=pauses,
+                finished_at=doc["finished_at"])
+    return {"output_dir": str(out_dir), "peak_rss": doc["peak_rss"], "timings_s": timings}
+
+
+class _Canceled(Exception):
+    pass
+
+
+def _remove_empty(d: Path) -> None:
+    try:
+        d.rmdir()
+    except OSError:
+        pass
+
+
+def _thermal_pause(settings: Settings, meta: _Meta, state: dict, pauses: list, health: list,
+                   rq_job, parent: int) -> None:
+    """Between denoising steps: if the machine is hot, wait until it cools (recorded
+    in meta "pauses"); give up after thermal_pause_max_s with ThermalAbort."""
+    now = time.time()
+    if now - state["last_thermal"] < THERMAL_CHECK_MIN_S:
+        return
+    state["last_thermal"] = now
+    r = read_readings(settings)
+    d = decide_thermal(r, settings, state["prev_readings"])
+    state["prev_readings"] = r
+    if d.open:
+        return
+    start = time.time()
+    pause = {"start": start, "reason": d.state, "step": meta.data.get("step")}
+    pauses.append(pause)
+    health.append(_health_sample(r))
+    prev_state = meta.data.get("state")
+    meta.update(state=JobPhase.paused_thermal, reason=d.state, pauses=pauses)
+    while True:
+        if _check_cancel_or_parent(rq_job, parent):
+            state["canceled"] = True
+            pause["end"] = time.time()
+            return
+        if time.time() - start > settings.thermal_pause_max_s:
+            pause["end"] = time.time()
+            meta.update(pauses=pauses)
+            raise ThermalAbort(f"thermal abort: still hot after {settings.thermal_pause_max_s:g} s "
+                               f"({d.state})")
+        time.sleep(settings.thermal_pause_poll_s)
+        r = read_readings(settings)
+        d = decide_thermal(r, settings, state["prev_readings"])
+        state["prev_readings"] = r
+        if d.open:
+            break
+    pause["end"] = time.time()
+    pause["seconds"] = round(pause["end"] - start, 3)
+    health.append(_health_sample(r))
+    meta.update(state=prev_state or JobPhase.denoising, reason=None, pauses=pauses)
+    state["step_t"] = time.time()  # the pause is not step time

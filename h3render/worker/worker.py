@@ -1,0 +1,328 @@
+"""The h3render worker: rq's SpawnWorker with a health gate, an allowlist and a host lock.
+
+    gate        `check_for_suspension` runs before every dequeue: read sensors,
+                decide (h3render.worker.health), publish the decision, and while the
+                gate is closed keep heartbeating with the reason as the worker's
+                state; it reopens by itself. Idle dequeues are cut into gate_poll_s
+                slices so a worker waiting for jobs re-checks the machine too.
+    allowlist   a job whose func is not h3render.worker.render.render_job is failed
+                without spawning anything (no retry).
+    one per host  "h3render:worker-lock:<host>" holds {name, pid}; a second worker on
+                the same host and Redis refuses to start unless forced. A lock whose
+                pid is dead is stale: the new worker takes it and recovers the jobs
+                the dead worker left in the started registry (retry or fail with a
+                reason), instead of waiting for their heartbeats to expire.
+    after each job  a job the render task ended as canceled is moved to rq's
+                canceled registry; a horse killed by a signal (engine crash) is
+                recorded in the job's meta with the signal and the last phase.
+
+Jobs are JSON (rq's JSONSerializer); pickle is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+
+import redis
+from rq import Queue
+from rq.exceptions import InvalidJobOperation
+from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
+from rq.worker import SpawnWorker
+
+from h3render.queue.job import JobPhase
+from h3render.settings import Settings
+from h3render.worker.health import Decision, Readings, decide
+from h3render.worker.render import ALLOWED_FUNC
+from h3render.worker.sensors import read_readings
+
+log = logging.getLogger("h3render.worker")
+
+HEALTH_KEY = "h3render:health:{host}"
+HEALTH_HISTORY_KEY = "h3render:health:{host}:history"
+LOCK_KEY = "h3render:worker-lock:{host}"
+
+
+class WorkerLockedError(RuntimeError):
+    """Another live worker holds this host's lock."""
+
+
+def publish_health(r: redis.Redis, host: str, decision: Decision, worker: str,
+                   history_len: int) -> dict:
+    """Latest decision as JSON, and the same appended to a capped history list."""
+    doc = {
+        "time": decision.time, "host": host, "worker": worker, "open": decision.open,
+        "state": decision.state,
+        "reasons": [r.model_dump(mode="json") for r in decision.reasons],
+        "notes": decision.notes,
+        "readings": decision.readings.model_dump(mode="json") if decision.readings else None,
+    }
+    text = json.dumps(doc)
+    pipe = r.pipeline()
+    pipe.set(HEALTH_KEY.format(host=host), text)
+    pipe.rpush(HEALTH_HISTORY_KEY.format(host=host), text)
+    pipe.ltrim(HEALTH_HISTORY_KEY.format(host=host), -history_len, -1)
+    pipe.execute()
+    return doc
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class H3Worker(SpawnWorker):
+    """See the module doc. Build with `H3Worker.create(connection, settings, ...)`."""
+
+    def __init__(self, *args, settings: Settings | None = None, host: str | None = None,
+                 force: bool = False, **kwargs):
+        kwargs.setdefault("serializer", JSONSerializer)
+        super().__init__(*args, **kwargs)
+        self.settings = settings or Settings()
+        self.host = host or socket.gethostname()
+        self.force = force
+        self._last_decision: Decision | None = None
+        self._prev_readings: Readings | None = None
+        self._lock_held = False
+        self._gate_state: str | None = None
+
+    @classmethod
+    def create(cls, connection: redis.Redis, settings: Settings, *, force: bool = False,
+               name: str | None = None) -> "H3Worker":
+        q = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
+        w = cls([q], connection=connection, serializer=JSONSerializer, settings=settings,
+                force=force, name=name, default_result_ttl=settings.result_ttl_s,
+                job_monitoring_interval=max(1, min(30, int(settings.gate_poll_s))))
+        return w
+
+    # ------------------------------------------------------------ host lock
+
+    def acquire_host_lock(self) -> list[str]:
+        """Take this host's lock, or raise WorkerLockedError. Returns ids of jobs
+        recovered from a dead predecessor on this host."""
+        key = LOCK_KEY.format(host=self.host)
+        mine = json.dumps({"name": self.name, "pid": os.getpid(), "since": time.time()})
+        ttl = self.settings.worker_lock_ttl_s
+        if self.connection.set(key, mine, nx=True, ex=ttl):
+            self._lock_held = True
+            return []
+        raw = self.connection.get(key)
+        try:
+            other = json.loads(raw) if raw else {}
+        except ValueError:
+            other = {}
+        pid, name = int(other.get("pid", 0) or 0), other.get("name", "?")
+        alive = pid > 0 and _pid_alive(pid)
+        if alive and not self.force:
+            raise WorkerLockedError(
+                f"another h3render worker ({name}, pid {pid}) already runs on {self.host} "
+                f"with this Redis; one worker per machine. Stop it, or pass --force to run a "
+                "second one anyway")
+        self.connection.set(key, mine, ex=ttl)
+        self._lock_held = True
+        if alive:
+            return []
+        log.warning("worker %s (pid %s) on %s is gone; taking over its lock", name, pid, self.host)
+        return self.recover_jobs_of(name, f"worker {name} (pid {pid}) died while running it")
+
+    def refresh_host_lock(self) -> None:
+        if not self._lock_held:
+            return
+        key = LOCK_KEY.format(host=self.host)
+        raw = self.connection.get(key)
+        try:
+            holder = json.loads(raw).get("name") if raw else None
+        except ValueError:
+            holder = None
+        if holder in (None, self.name):
+            mine = json.dumps({"name": self.name, "pid": os.getpid(), "since": time.time()})
+            self.connection.set(key, mine, ex=self.settings.worker_lock_ttl_s)
+
+    def release_host_lock(self) -> None:
+        if not self._lock_held:
+            return
+        key = LOCK_KEY.format(host=self.host)
+        raw = self.connection.get(key)
+        try:
+            if raw and json.loads(raw).get("name") == self.name:
+                self.connection.delete(key)
+        except (ValueError, redis.RedisError):
+            pass
+        self._lock_held = False
+
+    def recover_jobs_of(self, dead_worker: str, reason: str) -> list[str]:
+        """Jobs a dead worker left started: retry them (if retries are left) or fail
+        them with `reason`, unless their render process is still alive on this host
+        (it notices its worker died, within a step, and fails the job itself)."""
+        recovered = []
+        for q in self.queues:
+            reg = StartedJobRegistry(q.name, connection=self.connection, serializer=JSONSerializer)
+            for job_id in reg.get_job_ids(cleanup=False):
+                try:
+                    job = Job.fetch(job_id, connection=self.connection, serializer=JSONSerializer)
+                except Exception:  # noqa: BLE001 - vanished job
+                    continue
+                if job.worker_name != dead_worker:
+                    continue
+                h = dict(job.meta.get("h3r") or {})
+                pid = int(h.get("pid") or 0)
+                if pid and h.get("host") == self.host and _pid_alive(pid):
+                    continue
+                h.update(error=f"worker lost: {reason}", engine_error=h.get("engine_error", ""),
+                         state=JobPhase.queued.value if job.retries_left else JobPhase.failed.value)
+                job.meta["h3r"] = h
+                job.save_meta()
+                with self.connection.pipeline() as pipe:
+                    for eid in [e for e in self.connection.zrange(reg.key, 0, -1)
+                                if e.decode().split(":")[0] == job_id]:
+                        pipe.zrem(reg.key, eid)
+                    if job.retries_left and job.retries_left > 0:
+                        job.retry(q, pipe)
+                    else:
+                        job.set_status(JobStatus.FAILED, pipeline=pipe)
+                        job._handle_failure(f"worker lost: {reason}", pipe, worker_name=self.name)
+                    pipe.execute()
+                recovered.append(job_id)
+                log.warning("recovered job %s of dead worker %s", job_id, dead_worker)
+        return recovered
+
+    # ------------------------------------------------------------ gate
+
+    def evaluate_gate(self) -> Decision:
+        readings = read_readings(self.settings)
+        d = decide(readings, self.settings, self._prev_readings)
+        self._prev_readings = readings
+        prev = self._last_decision
+        if prev is None or prev.open != d.open or prev.state != d.state:
+            (log.info if d.open else log.warning)("health gate: %s", d.state)
+        self._last_decision = d
+        try:
+            publish_health(self.connection, self.host, d, self.name,
+                           self.settings.health_history_len)
+        except redis.RedisError as e:
+            log.error("could not publish health: %s", e)
+        return d
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """rq's suspension (`rq suspend`), then the health gate: block here, never
+        holding a job, until the gate opens or a stop is requested."""
+        super().check_for_suspension(burst)
+        before = None
+        while not self._stop_requested:
+            d = self.evaluate_gate()
+            if d.open:
+                break
+            if before is None:
+                before = self.get_state()
+            self.set_state(d.state[:200])
+            self.heartbeat()
+            self.refresh_host_lock()
+            self._sleep(self.settings.gate_poll_s)
+        if before is not None:
+            self.set_state(before)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while not self._stop_requested and time.time() < end:
+            time.sleep(min(0.5, max(end - time.time(), 0)))
+
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """Burst: rq's non-blocking dequeue. Otherwise block at most gate_poll_s at a
+        time, re-running the gate between slices."""
+        if timeout is None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        slice_s = max(1, int(self.settings.gate_poll_s))
+        while True:
+            result = super().dequeue_job_and_maintain_ttl(slice_s, max_idle_time=slice_s)
+            if result is not None or self._stop_requested:
+                return result
+            self.refresh_host_lock()
+            self.check_for_suspension(False)
+            if self._stop_requested:
+                return None
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        super().heartbeat(timeout, pipeline)
+        if pipeline is None:
+            try:
+                self.refresh_host_lock()
+            except redis.RedisError:
+                pass
+
+    # ------------------------------------------------------------ jobs
+
+    def execute_job(self, job: Job, queue: Queue):
+        if job.func_name != ALLOWED_FUNC:
+            self.refuse_job(job, queue)
+            return
+        super().execute_job(job, queue)
+        self._after_job(job)
+
+    def refuse_job(self, job: Job, queue: Queue) -> None:
+        msg = (f"refused: job {job.id} names function {job.func_name!r}; this worker runs only "
+               f"{ALLOWED_FUNC}")
+        log.error(msg)
+        self.prepare_execution(job)
+        job.retries_left = 0
+        h = dict(job.meta.get("h3r") or {})
+        h.update(state=JobPhase.failed.value, error=msg, retryable=False)
+        job.meta["h3r"] = h
+        job.save_meta()
+        self.handle_job_failure(job, queue=queue, exc_string=msg)
+        self.set_state("idle")
+
+    def _after_job(self, job: Job) -> None:
+        try:
+            job.refresh()
+        except Exception:  # noqa: BLE001 - the job may have expired
+            return
+        h = job.meta.get("h3r") or {}
+        if h.get("state") == JobPhase.canceled.value and job.get_status() != JobStatus.CANCELED:
+            try:
+                job.cancel()
+            except InvalidJobOperation:
+                pass
+
+    def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
+        """The render process died (engine crash, OOM killer): record it in meta."""
+        sig = os.WTERMSIG(ret_val) if ret_val and os.WIFSIGNALED(ret_val) else None
+        name = signal.Signals(sig).name if sig else None
+        try:
+            job.refresh()
+        except Exception:  # noqa: BLE001
+            pass
+        h = dict(job.meta.get("h3r") or {})
+        where = h.get("phase") or h.get("state") or "start"
+        if h.get("step") is not None and h.get("phase") == "denoise":
+            where = f"denoise step {h.get('step')}/{h.get('steps')}"
+        what = f"signal {sig} ({name})" if sig else f"exit status {ret_val}"
+        h.update(state=JobPhase.failed.value if not job.retries_left else JobPhase.queued.value,
+                 error=f"engine crash: the render process died with {what} during {where}",
+                 engine_error=h.get("engine_error") or f"render process killed by {what}",
+                 retryable=True, crashes=int(h.get("crashes", 0)) + 1)
+        job.meta["h3r"] = h
+        job.save_meta()
+        log.error("job %s: %s", job.id, h["error"])
+
+    # ------------------------------------------------------------ lifetime
+
+    def run(self, *, burst: bool = False, max_jobs: int | None = None,
+            with_scheduler: bool = True, logging_level: str = "INFO") -> bool:
+        """Take the host lock, recover a dead predecessor's jobs, work, release."""
+        self.acquire_host_lock()
+        try:
+            return self.work(burst=burst, max_jobs=max_jobs, with_scheduler=with_scheduler,
+                             logging_level=logging_level)
+        finally:
+            self.release_host_lock()
