@@ -150,6 +150,12 @@ static int get_vec(const gguf_file *g, const char *name, int64_t n, const float 
     return get_w(g, name, n, 1, 1, &t, out);
 }
 
+/*
+ * The weights of attention `which` ("attn1" self, "attn2" cross) of block i:
+ * four (D, D) linears and the two (D) RMSNorm weights. Refuses image-to-video
+ * checkpoints (add_k_proj present) with H3R_ERR_UNSUPPORTED. Returns 0 or a
+ * negative code naming file and tensor.
+ */
 static int get_attn(const gguf_file *g, int i, const char *which, int D, wan_attn *a) {
     char p[128];
     int rc;
@@ -386,6 +392,11 @@ typedef struct {
     float eps;
 } rows_job;
 
+/*
+ * Pool worker: applies job->kind to rows [n*ith/nth, n*(ith+1)/nth) of the
+ * job's buffers (n = rows, or max(rows, rows2) for ROWS_RMS2), writing in
+ * place (x) or into y as the kind says. No return value, no allocation.
+ */
 static void rows_worker(void *ctx, int ith, int nth) {
     const rows_job *j = ctx;
     const int64_t n_all = j->kind == ROWS_RMS2 ? (j->rows > j->rows2 ? j->rows : j->rows2)
@@ -467,23 +478,42 @@ static void timestep_sinusoid(float t, int freq_dim, float *out) {
  * pairs; pair i of a part of d dims at position p turns by
  * p / 10000^(2i/d), computed in float64 and rounded to float32.
  *   cos, sin (N, Dh/2), token n = (f*gy + y)*gx + x.
+ * The angles depend on one axis each, so the trig is done once per axis
+ * position into ax (gt + gy + gx rows of at most Dh/2 pairs, cos then sin)
+ * and the per-token rows are copied from there.
  */
-static void rope_tables(const wan_dit *m, int gt, int gy, int gx, float *cos_t, float *sin_t) {
+static void rope_tables(const wan_dit *m, int gt, int gy, int gx, float *ax,
+                        float *cos_t, float *sin_t) {
     const int half = m->head_dim / 2;
-    const int parts[3] = {m->rope_t, m->rope_h, m->rope_w};
+    const int parts[3] = {m->rope_t / 2, m->rope_h / 2, m->rope_w / 2}; /* pairs per axis */
+    const int len[3] = {gt, gy, gx};
+    float *tab[3][2];                        /* [axis][cos|sin] (len, parts) */
+    float *next = ax;
+    for (int a = 0; a < 3; a++) {
+        tab[a][0] = next;
+        tab[a][1] = next + (int64_t)len[a] * parts[a];
+        next = tab[a][1] + (int64_t)len[a] * parts[a];
+        for (int p = 0; p < len[a]; p++)
+            for (int i = 0; i < parts[a]; i++) {
+                double inv = 1.0 / pow(WAN_ROPE_THETA, (double)(2 * i) / (2 * parts[a]));
+                double ang = (double)p * inv;
+                tab[a][0][(int64_t)p * parts[a] + i] = (float)cos(ang);
+                tab[a][1][(int64_t)p * parts[a] + i] = (float)sin(ang);
+            }
+    }
     int64_t n = 0;
     for (int f = 0; f < gt; f++)
         for (int y = 0; y < gy; y++)
             for (int x = 0; x < gx; x++, n++) {
                 const int pos[3] = {f, y, x};
-                int j = 0;
-                for (int a = 0; a < 3; a++)
-                    for (int i = 0; i < parts[a] / 2; i++, j++) {
-                        double inv = 1.0 / pow(WAN_ROPE_THETA, (double)(2 * i) / parts[a]);
-                        double ang = (double)pos[a] * inv;
-                        cos_t[n * half + j] = (float)cos(ang);
-                        sin_t[n * half + j] = (float)sin(ang);
+                for (int w = 0; w < 2; w++) {
+                    float *row = (w ? sin_t : cos_t) + n * half;
+                    for (int a = 0; a < 3; a++) {
+                        memcpy(row, tab[a][w] + (int64_t)pos[a] * parts[a],
+                               (size_t)parts[a] * sizeof(float));
+                        row += parts[a];
                     }
+                }
             }
 }
 
@@ -572,6 +602,7 @@ int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T,
         R * F,          /* ff  (R, F) FFN hidden for R rows */
         N * (m->head_dim / 2) * 2, /* rope cos, sin (N, Dh/2) each */
         m->freq_dim + 9 * D,       /* tfreq (Fq), t1 (D), temb (D), tproj (6D), onep (D) */
+        (int64_t)(gt + gy + gx) * m->head_dim, /* rope per-axis cos, sin (<= Dh/2 each) */
         N * Po,         /* proj (N, Po) output patches */
     };
     int64_t total = 0;
@@ -591,7 +622,8 @@ int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T,
     float *k = q + N * D, *v = k + NL * D, *ctx = v + NL * D, *ff = ctx + (int64_t)L * D;
     float *rcos = ff + R * F, *rsin = rcos + N * (m->head_dim / 2);
     float *tfreq = rsin + N * (m->head_dim / 2), *t1 = tfreq + m->freq_dim, *temb = t1 + D;
-    float *tproj = temb + D, *onep = tproj + 6 * D, *proj = onep + D;
+    float *tproj = temb + D, *onep = tproj + 6 * D, *rax = onep + D;
+    float *proj = rax + (int64_t)(gt + gy + gx) * m->head_dim;
     int rc = 0;
     char name[48];
 
@@ -628,7 +660,7 @@ int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T,
     if ((rc = op_matmul(p, ctx, k, m->text2_w, m->text2_b, L)) < 0) goto done;
     if (tap) tap(tap_user, "dit.context", ctx, (int64_t)L * D);
 
-    rope_tables(m, gt, gy, gx, rcos, rsin);
+    rope_tables(m, gt, gy, gx, rax, rcos, rsin);
 
     for (int i = 0; i < m->n_layers; i++) {
         const wan_block *b = &m->blocks[i];
