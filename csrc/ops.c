@@ -21,12 +21,17 @@
 #include <immintrin.h>
 #endif
 #include "internal.h"
+#include "test_exports.h"   /* h3r_ops_force_ref */
 
 /* ---------------------------------------------------------------- dot product */
 
+/* Set by tests (test_exports.c) to run the scalar _ref kernels only; the SIMD
+ * kernels must give bit-identical results. Read once per op, never in a loop. */
+int h3r_ops_force_ref = 0;
+
 /* a (n,) . b (n,): lanes acc[l] sum a[k]*b[k] for k = l mod 8 over whole
  * 8-blocks, combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the
- * tail added in order. */
+ * tail added in order. Every kernel below computes exactly this. */
 static inline float dot_ref(const float *a, const float *b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
@@ -38,15 +43,20 @@ static inline float dot_ref(const float *a, const float *b, int64_t n) {
 }
 
 #if defined(__AVX__)
+/* The fixed tree of dot_ref over the 8 lanes of acc. */
+static inline float hsum_avx(__m256 acc) {
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* l + l+4 */
+    __m128 t = _mm_add_ps(v, _mm_movehl_ps(v, v));                                    /* (0+2),(1+3) */
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
 /* Same sums as dot_ref, 8 lanes in one register. */
 static inline float dot_avx(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= n; k += 8)
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* l+l4 */
-    __m128 t = _mm_add_ps(v, _mm_movehl_ps(v, v));                                    /* (0+2),(1+3) */
-    float s = _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+    float s = hsum_avx(acc);
     for (; k < n; k++) s += a[k] * b[k];
     return s;
 }
@@ -58,6 +68,7 @@ static inline float dot_avx(const float *a, const float *b, int64_t n) {
 /* ---------------------------------------------------------------- matmul */
 
 #define MM_JB 8   /* weight rows (output columns) converted and used together */
+#define MM_NB 4   /* activation rows per register tile */
 
 typedef struct {
     float *y;              /* (N, M) */
@@ -68,32 +79,104 @@ typedef struct {
     float *scratch;        /* nth x (MM_JB, K) */
 } mm_ctx;
 
+/* F16 row (K,) -> f32, exact. */
+static void f16_row_to_f32(const uint16_t *src, float *dst, int64_t K) {
+    int64_t k = 0;
+#if defined(__F16C__)
+    for (; k + 8 <= K; k += 8)
+        _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + k))));
+#endif
+    for (; k < K; k++) dst[k] = h3r_f16_to_f32(src[k]);
+}
+
 /* Weight row j as f32: a pointer into the mapping for F32, else converted
  * into buf (K,). */
 static const float *weight_row(const h3r_tensor *W, int64_t j, int64_t K, float *buf) {
     if (W->type == GGML_TYPE_F32) return (const float *)W->data + j * K;
-    const uint16_t *src = (const uint16_t *)W->data + j * K;  /* GGML_TYPE_F16 */
-    for (int64_t k = 0; k < K; k++) buf[k] = h3r_f16_to_f32(src[k]);
+    f16_row_to_f32((const uint16_t *)W->data + j * K, buf, K);  /* GGML_TYPE_F16 */
     return buf;
 }
 
-/* Thread ith computes output columns [j0, j1), a contiguous chunk of M. */
+/* One output element: x row . w row (+ bias), the dot_ref order. */
+static inline float mm_one(const float *xr, const float *wr, int64_t K, const float *b, int ref) {
+    float s = ref ? dot_ref(xr, wr, K) : dot(xr, wr, K);
+    return b ? s + *b : s;
+}
+
+#if defined(__AVX__)
+/*
+ * Register tile: y[i][c] for 4 rows of x (stride K) and 2 weight rows, each
+ * element summed exactly as dot_ref (8 lanes, fixed tree, ordered tail), so
+ * the tile is bit-identical to 8 separate dots; x and w loads are shared.
+ *   x (4, K), w0 w1 (K,) -> y rows at stride ldy, columns 0 and 1.
+ */
+static void mm_tile_4x2_avx(const float *x, int64_t K, const float *w0, const float *w1,
+                            const float *b, float *y, int64_t ldy) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+    __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), u;
+        u = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_add_ps(a00, _mm256_mul_ps(u, v0));
+        a01 = _mm256_add_ps(a01, _mm256_mul_ps(u, v1));
+        u = _mm256_loadu_ps(x1 + k);
+        a10 = _mm256_add_ps(a10, _mm256_mul_ps(u, v0));
+        a11 = _mm256_add_ps(a11, _mm256_mul_ps(u, v1));
+        u = _mm256_loadu_ps(x2 + k);
+        a20 = _mm256_add_ps(a20, _mm256_mul_ps(u, v0));
+        a21 = _mm256_add_ps(a21, _mm256_mul_ps(u, v1));
+        u = _mm256_loadu_ps(x3 + k);
+        a30 = _mm256_add_ps(a30, _mm256_mul_ps(u, v0));
+        a31 = _mm256_add_ps(a31, _mm256_mul_ps(u, v1));
+    }
+    float s[4][2] = {{hsum_avx(a00), hsum_avx(a01)}, {hsum_avx(a10), hsum_avx(a11)},
+                     {hsum_avx(a20), hsum_avx(a21)}, {hsum_avx(a30), hsum_avx(a31)}};
+    const float *xs[4] = {x0, x1, x2, x3};
+    for (int i = 0; i < 4; i++) {
+        for (int64_t t = k; t < K; t++) {
+            s[i][0] += xs[i][t] * w0[t];
+            s[i][1] += xs[i][t] * w1[t];
+        }
+        y[i * ldy] = b ? s[i][0] + b[0] : s[i][0];
+        y[i * ldy + 1] = b ? s[i][1] + b[1] : s[i][1];
+    }
+}
+#endif
+
+/* Thread ith computes output columns [j0, j1), a contiguous chunk of M,
+ * MM_JB weight rows at a time, sweeping all rows of x for each block. */
 static void matmul_worker(void *arg, int ith, int nth) {
     mm_ctx *c = arg;
-    int64_t chunk = (c->M + nth - 1) / nth;
-    int64_t j0 = chunk * ith, j1 = j0 + chunk < c->M ? j0 + chunk : c->M;
-    float *buf = c->scratch + (size_t)ith * MM_JB * c->K;
+    const int ref = h3r_ops_force_ref;
+    const int64_t K = c->K, M = c->M;
+    int64_t chunk = (M + nth - 1) / nth;
+    int64_t j0 = chunk * ith, j1 = j0 + chunk < M ? j0 + chunk : M;
+    float *buf = c->scratch + (size_t)ith * MM_JB * K;
     const float *rows[MM_JB];
     for (int64_t j = j0; j < j1; j += MM_JB) {
         int jb = j1 - j < MM_JB ? (int)(j1 - j) : MM_JB;
-        for (int r = 0; r < jb; r++) rows[r] = weight_row(c->W, j + r, c->K, buf + (size_t)r * c->K);
-        for (int64_t n = 0; n < c->N; n++) {
-            const float *xr = c->x + n * c->K;
-            float *yr = c->y + n * c->M + j;
-            for (int r = 0; r < jb; r++) {
-                float s = dot(xr, rows[r], c->K);
-                yr[r] = c->b ? s + c->b[j + r] : s;
+        for (int r = 0; r < jb; r++) rows[r] = weight_row(c->W, j + r, K, buf + (size_t)r * K);
+        const float *bj = c->b ? c->b + j : NULL;
+        int64_t n = 0;
+#if defined(__AVX__)
+        if (!ref) {
+            for (; n + MM_NB <= c->N; n += MM_NB) {
+                int r = 0;
+                for (; r + 2 <= jb; r += 2)
+                    mm_tile_4x2_avx(c->x + n * K, K, rows[r], rows[r + 1], bj ? bj + r : NULL,
+                                    c->y + n * M + j + r, M);
+                for (; r < jb; r++)
+                    for (int i = 0; i < MM_NB; i++)
+                        c->y[(n + i) * M + j + r] = mm_one(c->x + (n + i) * K, rows[r], K, bj ? bj + r : NULL, 0);
             }
+        }
+#endif
+        for (; n < c->N; n++) {
+            const float *xr = c->x + n * K;
+            float *yr = c->y + n * M + j;
+            for (int r = 0; r < jb; r++) yr[r] = mm_one(xr, rows[r], K, bj ? bj + r : NULL, ref);
         }
     }
 }
@@ -152,6 +235,7 @@ typedef struct {
     int64_t n_qt;            /* query tiles per head */
     float *scratch;          /* nth x per_thread */
     size_t per_thread;       /* floats: S (BQ,BK) + O (BQ,Dh) + m, l (BQ) */
+    int ref;                 /* scalar kernels only (tests) */
 } att_ctx;
 
 /*
@@ -177,7 +261,8 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
             float *Si = S + (size_t)i * ATT_BK;
             float mt = -INFINITY;
             for (int j = 0; j < bk; j++) {
-                float s = c->scale * dot(qi, c->k + (j0 + j) * ld + (int64_t)h * Dh, Dh);
+                const float *kj = c->k + (j0 + j) * ld + (int64_t)h * Dh;
+                float s = c->scale * (c->ref ? dot_ref(qi, kj, Dh) : dot(qi, kj, Dh));
                 if (brow) s += brow[j];
                 Si[j] = s;
                 if (s > mt) mt = s;
@@ -237,7 +322,8 @@ int op_attention(h3r_pool *p, float *out, const float *q, const float *k, const 
     size_t per = (size_t)ATT_BQ * ATT_BK + (size_t)ATT_BQ * Dh + 2 * ATT_BQ;
     float *scratch = malloc((size_t)nth * per * sizeof(float));
     if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "attention: out of memory (Dh=%d, %d threads)", Dh, nth);
-    att_ctx c = {out, q, k, v, bias, Nq, Nk, H, Dh, scale, (Nq + ATT_BQ - 1) / ATT_BQ, scratch, per};
+    att_ctx c = {out, q, k, v, bias, Nq, Nk, H, Dh, scale, (Nq + ATT_BQ - 1) / ATT_BQ, scratch, per,
+                 h3r_ops_force_ref};
     h3r_pool_run(p, attention_worker, &c);
     free(scratch);
     return 0;

@@ -130,4 +130,9 @@ int h3r_test_f32_to_f16(const float *in, uint16_t *out, int64_t n) {
     return 0;
 }
 
+int h3r_test_force_ref(int on) {
+    h3r_ops_force_ref = on != 0;
+    return 0;
+}
+
 uint64_t h3r_test_type_nbytes(int type, int64_t n) { return ggml_type_nbytes(type, n); }

@@ -54,6 +54,12 @@ H3R_API int h3r_test_gelu_tanh(float *x, int64_t n);
 /* Half floats: bits (n,) <-> floats (n,). */
 H3R_API int h3r_test_f16_to_f32(const uint16_t *in, float *out, int64_t n);
 H3R_API int h3r_test_f32_to_f16(const float *in, uint16_t *out, int64_t n);
+/* on != 0: ops use only their scalar _ref kernels (to compare with SIMD). */
+H3R_API int h3r_test_force_ref(int on);
+
+/* Internal hook behind h3r_test_force_ref, defined in ops.c (not exported). */
+extern int h3r_ops_force_ref;
+
 /* Bytes of n elements of a GGML type (0: unknown type or partial block). */
 H3R_API uint64_t h3r_test_type_nbytes(int type, int64_t n);
 

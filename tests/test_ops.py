@@ -3,7 +3,8 @@
 Every op is reached through the test-only exports (csrc/test_exports.h). Shapes
 include sizes that are not multiples of the kernels' 8-lane dot product, the
 matmul column block (8) or the attention tiles (16 queries x 64 keys), and
-Nq != Nk. Threaded ops must give byte-identical output for 1, 2 and 3 threads.
+Nq != Nk. Threaded ops must give byte-identical output for 1, 2 and 3 threads,
+and the SIMD kernels byte-identical output to the scalar _ref kernels.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def ptr(a: np.ndarray | None):
     return None if a is None else a.ctypes.data
 
 
+def with_ref_kernels(fn, *args, **kw):
+    """Run fn with the ops forced onto their scalar _ref kernels."""
+    core_lib().h3r_test_force_ref(1)
+    try:
+        return fn(*args, **kw)
+    finally:
+        core_lib().h3r_test_force_ref(0)
+
+
 def matmul(x, w, b, threads, f16=False):
     N, K = x.shape
     M = w.shape[0]
@@ -41,7 +51,9 @@ def matmul(x, w, b, threads, f16=False):
     return y
 
 
-MATMUL_SHAPES = [(1, 1, 1), (1, 300, 7), (5, 37, 19), (17, 64, 33), (3, 130, 8), (40, 9, 2), (2, 16, 65)]
+# Odd K (8-lane tails), N around the 4-row tile, M around the 8-column block and 2-column tile.
+MATMUL_SHAPES = [(1, 1, 1), (1, 300, 7), (5, 37, 19), (17, 64, 33), (3, 130, 8), (40, 9, 2), (2, 16, 65),
+                 (8, 23, 17), (9, 40, 3)]
 
 
 @pytest.mark.parametrize("N,K,M", MATMUL_SHAPES)
@@ -61,6 +73,8 @@ def test_matmul(N, K, M, wtype, bias):
     assert err < TOL_MATMUL, f"matmul {N}x{K}x{M} {wtype}: rel err {err:.2e}"
     for t, o in zip((2, 3), outs[1:]):
         assert o.tobytes() == outs[0].tobytes(), f"{t} threads differ from 1 thread"
+    scalar = with_ref_kernels(matmul, x, w, b, 2, f16=wtype == "f16")
+    assert scalar.tobytes() == outs[0].tobytes(), "SIMD matmul differs from matmul_ref"
 
 
 def test_matmul_rejects_unknown_weight_type():
@@ -111,6 +125,8 @@ def test_attention(Nq, Nk, H, Dh, with_bias):
     assert err < TOL_ATTENTION, f"attention Nq={Nq} Nk={Nk} H={H} Dh={Dh}: rel err {err:.2e}"
     for o in outs[1:]:
         assert o.tobytes() == outs[0].tobytes(), "thread count changed the attention output"
+    scalar = with_ref_kernels(attention, q, k, v, H, Dh, scale, 2, bias)
+    assert scalar.tobytes() == outs[0].tobytes(), "SIMD attention differs from the _ref kernels"
 
 
 def test_attention_large_logits_stay_finite():
