@@ -18,7 +18,7 @@ import pytest
 from h3render.engine.binding import Engine
 from h3render.engine.convert import convert_pipeline
 from h3render.engine.exceptions import EngineError, InvalidRequestError, ModelFileError
-from tests.conftest import FIXTURES, rel_err
+from conftest import FIXTURES, rel_err
 
 CONFIGS = ("dit_a", "dit_b")
 

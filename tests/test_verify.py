@@ -20,7 +20,7 @@ from h3render.cli.verify import verify as verify_cmd
 from h3render.engine.convert import convert_pipeline
 from h3render.engine.reference import ReferenceDiT
 from h3render.engine.verify import COMPUTE_TOL, F16_TOL, tolerance_for, verify_dit
-from tests.conftest import FIXTURES, rel_err
+from conftest import FIXTURES, rel_err
 
 # The reference is float64; diffusers ran in float32. Measured <= 2e-6 on both
 # fixtures (the float32 rounding of torch's own sums).
