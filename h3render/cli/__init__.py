@@ -8,6 +8,7 @@ command, not all. Exit codes: 0 ok, 1 failure, 2 bad usage or input.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
