@@ -75,6 +75,40 @@ int h3r_test_gguf_get_float_array(const void *g, const char *key, double *out, i
     return gguf_get_float_array(g, key, out, max, n);
 }
 
+/* ---- thread pool */
+
+typedef struct {
+    int *calls;        /* (nth,) times each ith ran in this round */
+    int nth_seen;      /* nth passed to fn (same for all) */
+    int bad_nth;
+} pool_probe;
+
+static void pool_probe_fn(void *arg, int ith, int nth) {
+    pool_probe *pp = arg;
+    if (nth != pp->nth_seen || ith < 0 || ith >= nth) { pp->bad_nth = 1; return; }
+    pp->calls[ith]++;  /* each ith is run by exactly one thread: no race */
+}
+
+int h3r_test_pool(int threads, int rounds) {
+    h3r_pool *p = h3r_pool_create(threads);
+    if (!p) return H3R_ERR_NOMEM;
+    int n = h3r_pool_size(p), rc = 0;
+    int *calls = calloc((size_t)n, sizeof(int));
+    if (!calls) { h3r_pool_free(p); return h3r_seterr(H3R_ERR_NOMEM, "h3r_test_pool: out of memory"); }
+    pool_probe pp = {calls, n, 0};
+    for (int r = 0; r < rounds && rc == 0; r++) {
+        h3r_pool_run(p, pool_probe_fn, &pp);
+        for (int i = 0; i < n; i++)
+            if (calls[i] != r + 1)
+                rc = h3r_seterr(H3R_ERR_INTERNAL, "pool of %d: round %d: ith %d ran %d times in total, expected %d",
+                                n, r, i, calls[i], r + 1);
+        if (pp.bad_nth) rc = h3r_seterr(H3R_ERR_INTERNAL, "pool of %d: fn got a bad ith or nth", n);
+    }
+    free(calls);
+    h3r_pool_free(p);
+    return rc == 0 ? n : rc;
+}
+
 /* ---- ops */
 
 int h3r_test_matmul(int threads, float *y, const float *x, const void *w, int wtype, const float *b,

@@ -38,6 +38,11 @@ H3R_API int h3r_test_gguf_get_str(const void *g, const char *key, const char **o
 H3R_API int h3r_test_gguf_get_int_array(const void *g, const char *key, int64_t *out, int max, int *n);
 H3R_API int h3r_test_gguf_get_float_array(const void *g, const char *key, double *out, int max, int *n);
 
+/* ---- thread pool */
+/* Create a pool of `threads`, run `rounds` jobs checking that every ith in
+ * [0, nth) ran exactly once per job, free it. Returns the pool size, or < 0. */
+H3R_API int h3r_test_pool(int threads, int rounds);
+
 /* ---- ops; `threads` sizes a private pool for the call */
 /* y (N, M) = x (N, K) @ W^T + b; w (M, K) raw F32 (wtype 0) or F16 bits (wtype 1); b (M,) or NULL. */
 H3R_API int h3r_test_matmul(int threads, float *y, const float *x, const void *w, int wtype,

@@ -53,6 +53,7 @@ _SIGNATURES: dict[str, tuple[list, object]] = {
     "h3r_test_gelu_tanh": ([_P, _I64], C.c_int),
     "h3r_test_f16_to_f32": ([_P, _P, _I64], C.c_int),
     "h3r_test_f32_to_f16": ([_P, _P, _I64], C.c_int),
+    "h3r_test_pool": ([C.c_int, C.c_int], C.c_int),
     "h3r_test_force_ref": ([C.c_int], C.c_int),
     "h3r_test_type_nbytes": ([C.c_int, _I64], C.c_uint64),
 }

@@ -42,6 +42,20 @@ def with_ref_kernels(fn, *args, **kw):
         core_lib().h3r_test_force_ref(0)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_thread_pool_runs_every_index_once(threads):
+    """h3r_pool_run calls fn once per ith in [0, nth), nth = pool size, over many rounds."""
+    n = core_lib().h3r_test_pool(threads, 2000)
+    assert n == threads, last_error()
+
+
+def test_thread_pool_default_size():
+    """threads <= 0: one per online CPU."""
+    import os
+
+    assert core_lib().h3r_test_pool(0, 10) == os.cpu_count()
+
+
 def matmul(x, w, b, threads, f16=False):
     N, K = x.shape
     M = w.shape[0]
