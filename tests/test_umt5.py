@@ -25,11 +25,14 @@ CASES = ("len1", "len7", "len33")
 
 # Tolerances (relative error = max abs error / max |reference|):
 # F32 weights: the engine and torch differ only in summation order and libm
-# (tanh, exp, rsqrt); measured ~1e-6, so 1e-4 leaves room for other CPUs.
+# (tanh, exp, rsqrt); measured <= 9e-7, so 1e-4 leaves room for other CPUs.
 TOL_F32 = 1e-4
 # F16 weights (embedding, projections, and in umt5_b the bias tables): each
-# weight is rounded to 11 significant bits (2^-11 ~ 5e-4 relative); a few
-# layers of accumulation keep the output within 2e-3 (measured well below).
+# weight is rounded to 11 significant bits (2^-11 ~ 5e-4 relative) and the
+# errors add up over the layers; measured up to 1.3e-3 (umt5_a, 33 tokens).
+# This is the rounding of the weights themselves, not the engine: against a
+# reference run with the same rounded weights the f16 path is within TOL_F32
+# (test_f16_path_matches_rounded_weights).
 TOL_F16 = 2e-3
 TOLS = {"f32": TOL_F32, "f16": TOL_F16}
 
