@@ -132,7 +132,8 @@ static int rd_str(cursor *c, const char **out, size_t *len, int copy, const char
                           c->path, what, c->pos - 8, n, c->size - c->pos);
     if (copy) {
         if ((size_t)n + 1 > c->strfree)
-            return h3r_seterr(H3R_ERR_INTERNAL, "%s: string block too small", c->path);
+            return h3r_seterr(H3R_ERR_FORMAT, "%s: %s at offset %zu changed while the file was read",
+                              c->path, what, c->pos - 8);
         memcpy(c->strbuf, c->p + c->pos, (size_t)n);
         c->strbuf[n] = '\0';
         if (out) *out = c->strbuf;
@@ -247,13 +248,22 @@ static int scan_header(cursor *c, uint64_t n_kv, uint64_t n_tensors, size_t *str
     return 0;
 }
 
-/* Pass 2: decode one metadata entry into kv (lengths already validated). */
+/*
+ * Pass 2: decode one metadata entry into kv. Pass 1 validated the same bytes,
+ * but every type and length is checked again: another process may rewrite the
+ * file under a MAP_PRIVATE mapping, and a changed byte must not become an
+ * out-of-bounds read.
+ */
 static int read_kv(cursor *c, gguf_kv *kv) {
     int rc;
     uint32_t t;
     if ((rc = rd_str(c, &kv->key, &kv->key_len, 1, "metadata key"))) return rc;
     if ((rc = rd_u32(c, &t, "metadata value type"))) return rc;
+    if (t >= GV_COUNT)
+        return h3r_seterr(H3R_ERR_FORMAT, "%s: metadata key '%s' has unknown value type %u (allowed 0..12)",
+                          c->path, kv->key, t);
     kv->type = (int)t;
+    if (t != GV_STRING && t != GV_ARRAY && (rc = need(c, GV_SIZES[t], "metadata value"))) return rc;
     const uint8_t *b = c->p + c->pos;
     switch (t) {
     case GV_STRING:
@@ -262,12 +272,18 @@ static int read_kv(cursor *c, gguf_kv *kv) {
         uint32_t et;
         if ((rc = rd_u32(c, &et, "array element type"))) return rc;
         if ((rc = rd_u64(c, &kv->arr_n, "array length"))) return rc;
+        if (et >= GV_COUNT || et == GV_ARRAY)
+            return h3r_seterr(H3R_ERR_FORMAT, "%s: metadata key '%s' is an array of element type %u, which is "
+                              "not allowed (scalars and strings only)", c->path, kv->key, et);
         kv->arr_type = (int)et;
         kv->arr_data = c->p + c->pos;
         if (et == GV_STRING) {
             for (uint64_t j = 0; j < kv->arr_n; j++)
                 if ((rc = rd_str(c, NULL, NULL, 0, "array string element"))) return rc;
         } else {
+            if (kv->arr_n > (c->size - c->pos) / GV_SIZES[et])
+                return h3r_seterr(H3R_ERR_FORMAT, "%s: metadata key '%s' claims %" PRIu64 " elements but only "
+                                  "%zu bytes remain", c->path, kv->key, kv->arr_n, c->size - c->pos);
             c->pos += (size_t)kv->arr_n * GV_SIZES[et];
         }
         return 0;
@@ -357,7 +373,10 @@ static int read_tensor(cursor *c, gguf_file *g, int64_t i, uint64_t *offset) {
                           g->path, i, t->name);
     uint32_t nd;
     if ((rc = rd_u32(c, &nd, "tensor n_dims"))) return rc;
-    t->n_dims = (int)nd;   /* 1..4, checked by scan_header */
+    if (nd < 1 || nd > GGUF_MAX_DIMS)   /* checked in pass 1 too; see read_kv */
+        return h3r_seterr(H3R_ERR_FORMAT, "%s: tensor '%s' has n_dims %u (allowed 1..%d)",
+                          g->path, t->name, nd, GGUF_MAX_DIMS);
+    t->n_dims = (int)nd;
     int64_t nel = 1;
     for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < nd; d++) {
