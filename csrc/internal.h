@@ -1,7 +1,7 @@
 /*
  * Internal interfaces shared by the CPU engine's translation units.
- * Nothing here is exported from the shared library except the h3r_op_* test
- * entry points declared in ops_export.h.
+ * Nothing here is exported from the shared library; tests reach internals
+ * through the h3r_test_* entry points in test_exports.h (not a stable ABI).
  *
  * Dimension letters used in shape comments across csrc/:
  *   N tokens (rows of activations)   D model dim        F FFN hidden dim
