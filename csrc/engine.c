@@ -229,7 +229,7 @@ H3R_API int h3r_open(const char *model_dir, int threads, h3r_engine **out) {
     if (e->n_vae) read_vae_strides(e, e->vae[0].file);
     if (!e->name[0]) {
         const char *base = strrchr(e->dir, '/');
-        snprintf(e->name, sizeof(e->name), "%s", base ? base + 1 : e->dir);
+        snprintf(e->name, sizeof(e->name), "%.127s", base ? base + 1 : e->dir);
     }
 
     if (threads <= 0) {
@@ -447,7 +447,7 @@ H3R_API int h3r_encode_text(h3r_engine *e, const char *quant, const int32_t *ids
                             int64_t n_out) {
     h3r_clear_error();
     if (!e || !out || (n > 0 && !ids)) return h3r_seterr(H3R_ERR_INVALID, "h3r_encode_text: NULL argument");
-    component *te;
+    component *te = NULL;
     int rc = pick_small(e, e->te, e->n_te, "text_encoder", quant, 1, &te);
     if (rc) return fail(e, rc);
     int dim = umt5_d_model(te->model);
@@ -470,7 +470,7 @@ H3R_API int h3r_dit_forward(h3r_engine *e, const char *quant, const float *x, in
                             float timestep, const float *context, int n_ctx, float *out) {
     h3r_clear_error();
     if (!e || !x || !context || !out) return h3r_seterr(H3R_ERR_INVALID, "h3r_dit_forward: NULL argument");
-    component *dit;
+    component *dit = NULL;
     int rc = pick_dit(e, quant, &dit);
     if (rc) return fail(e, rc);
     rc = wan_dit_forward(dit->model, e->pool, x, c, t, h, w, timestep, context, n_ctx, out, e->tap, e->tap_user);
@@ -481,7 +481,7 @@ H3R_API int h3r_vae_decode(h3r_engine *e, const char *quant, const float *z, int
                            float *out, int64_t n_out) {
     h3r_clear_error();
     if (!e || !z || !out) return h3r_seterr(H3R_ERR_INVALID, "h3r_vae_decode: NULL argument");
-    component *vae;
+    component *vae = NULL;
     int rc = pick_small(e, e->vae, e->n_vae, "vae", quant, 1, &vae);
     if (rc) return fail(e, rc);
     if (c <= 0 || t <= 0 || h <= 0 || w <= 0) {
