@@ -6,6 +6,8 @@ Clients keep decode_responses=False because rq stores bytes.
 from __future__ import annotations
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from h3render.queue.errors import RedisUnavailableError
 from h3render.queue.redis_server import embedded
@@ -19,12 +21,14 @@ def get_redis(settings: Settings | None = None, start: bool = True) -> redis.Red
     """
     settings = settings or Settings()
     if settings.redis_url:
-        r = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        probe = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0))
         try:
-            r.ping()
+            probe.ping()  # once, without redis-py's retry backoff, so a wrong URL fails fast
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             raise RedisUnavailableError(f"H3RENDER_REDIS_URL={settings.redis_url!r} does not answer: {e}") from e
-        return r
+        finally:
+            probe.close()
+        return redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
     server = embedded(settings)
     if start:
         return server.start()

@@ -130,7 +130,9 @@ class EmbeddedRedis:
     def _check_ours(self, r: redis.Redis) -> None:
         """Refuse a Redis on our port that serves a different directory."""
         try:
-            served = r.config_get("dir").get(b"dir", b"").decode()
+            conf = r.config_get("dir")  # redis-py returns str or bytes keys depending on version
+            served = conf.get("dir", conf.get(b"dir", ""))
+            served = served.decode() if isinstance(served, bytes) else str(served)
         except redis.ResponseError:  # CONFIG disabled: cannot tell; trust the port
             return
         if served and Path(served).resolve() != self.dir.resolve():
@@ -183,6 +185,7 @@ class EmbeddedRedis:
             while time.monotonic() < deadline:
                 r = self._ping()
                 if r is not None:
+                    self._check_ours(r)  # not a foreign server that took the port meanwhile
                     return r
                 time.sleep(0.05)
             raise RedisUnavailableError(

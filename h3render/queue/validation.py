@@ -152,8 +152,9 @@ def problems_from_pydantic(err: ValidationError, payload: Mapping[str, Any]) -> 
         name = str(loc[0]) if loc else "job"
         if e["type"] == "extra_forbidden":
             close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.6)
+            shown = name if name.isidentifier() else repr(name)  # "" or "a b" stay visible
             problems.setdefault(name, Problem(
-                name, _short(payload.get(name)), "unknown field; allowed: " + ", ".join(FIELDS),
+                shown, _short(payload.get(name)), "unknown field; allowed: " + ", ".join(FIELDS),
                 close[0] if close else "(remove the field)"))
             continue
         if name == "engine_options" and len(loc) >= 2 and isinstance(payload.get(name), dict):
