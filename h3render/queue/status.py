@@ -196,8 +196,12 @@ def sweeps(r: redis.Redis) -> list[str]:
     return sorted(i.decode() for i in r.smembers(SWEEPS_KEY))
 
 
-def worker_health(r: redis.Redis, stale_after_s: float = 120.0) -> list[dict[str, Any]]:
-    """The latest health each worker published ("h3render:health:<host>"), with its age."""
+def worker_health(r: redis.Redis) -> list[dict[str, Any]]:
+    """The latest health each worker published ("h3render:health:<host>"), its age, and whether
+    an rq worker on that host is still registered (a gate reading outlives its worker)."""
+    from rq import Worker
+
+    live_hosts = {w.hostname for w in Worker.all(connection=r)}
     out = []
     for key in sorted(r.scan_iter(match=HEALTH_KEY.format(host="*"))):
         name = key.decode()
@@ -208,9 +212,9 @@ def worker_health(r: redis.Redis, stale_after_s: float = 120.0) -> list[dict[str
         except ValueError:
             health = {"raw": (r.get(key) or b"").decode(errors="replace")}
         host = name.split(":", 2)[2]
-        ts = health.get("ts") or health.get("time") or health.get("timestamp")
+        ts = health.get("time")
         age = time.time() - float(ts) if isinstance(ts, (int, float)) else None
-        out.append({"host": host, "age_s": age, "stale": age is not None and age > stale_after_s, "health": health})
+        out.append({"host": host, "age_s": age, "worker_running": host in live_hosts, "health": health})
     return out
 
 
@@ -225,5 +229,5 @@ def health_line(entry: dict[str, Any]) -> str:
     reasons = [x.get("message") or x.get("code") if isinstance(x, dict) else x for x in reasons]
     state = "open" if is_open else ("held: " + "; ".join(map(str, reasons)) if is_open is not None else "unknown")
     age = f", {entry['age_s']:.0f} s ago" if entry.get("age_s") is not None else ""
-    stale = " (stale: worker gone?)" if entry.get("stale") else ""
+    stale = "" if entry.get("worker_running") else " (no worker running there now)"
     return f"worker {entry['host']}: gate {state}{age}{stale}"
