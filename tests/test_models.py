@@ -119,3 +119,32 @@ def test_models_command_lists(home):
     table = subprocess.run([*H3RENDER, "models"], capture_output=True, text=True, env={**env, "COLUMNS": "200"}, timeout=120)
     assert table.returncode == 0, table.stderr
     assert "dit-a" in table.stdout and "installed" in table.stdout
+
+
+def test_tokenizer_matches_wan_pipeline(converted_models):
+    """Ids equal what diffusers' WanPipeline tokenizer produced for the fixture prompts."""
+    import numpy as np
+
+    from h3render.engine.binding import Engine
+    from h3render.engine.tokenize import load_tokenizer
+
+    ref = np.load(FIXTURES / "pipeline" / "reference.npz")
+    model = converted_models("tiny-wan")
+    with Engine(model, 1) as engine:
+        text_len = engine.info()["text_len"]
+    tok = load_tokenizer(model, text_len)
+    prompt, negative = str(ref["prompt"]), str(ref["negative_prompt"])
+    assert tok.encode(prompt).dtype == np.int32
+    assert tok.encode(prompt).tolist() == ref["prompt_ids"].tolist()
+    assert tok.encode(negative).tolist() == ref["negative_ids"].tolist()
+
+    eos = int(ref["prompt_ids"][-1])  # </s>, appended by the post-processor
+    # prompt_clean: whitespace runs collapse, ends strip, HTML entities unescape (twice).
+    messy = "  " + prompt.replace(" ", " \n\t ").replace(",", "&amp;#44;") + " "
+    assert tok.encode(messy).tolist() == ref["prompt_ids"].tolist()
+    assert tok.encode("").tolist() == [eos]
+    # Truncation keeps room for </s>: text_len ids, the prompt's first text_len-1, then </s>.
+    full = tok.encode(prompt)[:-1].tolist()
+    long = tok.encode(" ".join([prompt] * 4)).tolist()
+    assert len(long) == text_len and long[-1] == eos
+    assert long[:-1] == (full * 4)[: text_len - 1]

@@ -39,7 +39,7 @@ def convert(src: Path, dst: Path, quant: str, name: str | None) -> None:
     try:
         report = convert_pipeline(src, dst, quants=quants, name=name)
     except ConvertError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except OSError as exc:
         err.print(f"[bold red]convert failed:[/] {exc}", highlight=False)

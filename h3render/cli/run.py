@@ -78,13 +78,22 @@ def resolve(params: RunParams) -> Path:
         raise BadInput(f"--model: {exc}") from exc
 
 
+def model_defaults(model_dir: Path) -> dict[str, Any]:
+    """Pipeline defaults the converter recorded in model.json (negative prompt, sampler, ...)."""
+    try:
+        pipeline = json.loads((Path(model_dir) / "model.json").read_text()).get("pipeline")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in pipeline.items() if k in FALLBACK_DEFAULTS} if isinstance(pipeline, dict) else {}
+
+
 def build_request(engine, params: RunParams):
     """A GenerateRequest from params and the engine's info; raises BadInput naming the option."""
     from h3render.engine.binding import SAMPLERS, GenerateRequest
     from h3render.engine.limits import EngineLimits, check_request
 
     info = engine.info()
-    defaults = {**FALLBACK_DEFAULTS, **(info.get("defaults") or {})}
+    defaults = {**FALLBACK_DEFAULTS, **model_defaults(engine.model_dir), **(info.get("defaults") or {})}
 
     def pick(name: str):
         value = getattr(params, name)
@@ -189,13 +198,13 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
             started = time.monotonic()
             written = render(engine, req, params, err)
     except BadInput as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     except InvalidRequestError as exc:  # the engine itself refused the request
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     except (EngineError, ConvertError, VideoError, OSError) as exc:
-        err.print(f"[bold red]render failed:[/] {exc}", highlight=False)
+        err.print(f"[bold red]render failed:[/] {exc}", highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:  # the engine stopped within a step; partial files were removed
         err.print("[bold red]canceled[/]", highlight=False)
