@@ -298,3 +298,13 @@ def test_cli_enqueue_wait_reports_the_end(r, h3_settings):
     finally:
         proc.wait(timeout=30)
     assert status.job_status(r, job_id).output_dir == "/renders/x"
+
+
+def test_cli_status_watch_ends_when_the_job_ends(r, h3_settings):
+    (job_id,) = enqueue(r, {"prompt": "x"}, h3_settings).job_ids
+    control.cancel(r, job_id)
+    res = cli("status", job_id, "--watch", "--interval", "0.1", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output.splitlines()[-1])["job"]["state"] == "canceled"
+    res = cli("status", job_id, "--watch", "--interval", "0.1")
+    assert res.exit_code == 0 and "canceled" in res.output
