@@ -148,3 +148,27 @@ def test_tokenizer_matches_wan_pipeline(converted_models):
     long = tok.encode(" ".join([prompt] * 4)).tolist()
     assert len(long) == text_len and long[-1] == eos
     assert long[:-1] == (full * 4)[: text_len - 1]
+
+
+def test_convert_command(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "H3RENDER_HOME": str(tmp_path / "home")}
+    dst = tmp_path / "dit-a"
+    ok = subprocess.run([*H3RENDER, "convert", FIXTURES / "dit_a", dst, "--quant", "f32,f16"],
+                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == str(dst)
+    assert {"transformer-f32.gguf", "transformer-f16.gguf", "model.json"} <= {p.name for p in dst.iterdir()}
+    assert models.describe(dst).quants == ["f16", "f32"]
+
+    bad = subprocess.run([*H3RENDER, "convert", FIXTURES / "dit_a", tmp_path / "x", "--quant", "f32,q4"],
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert bad.returncode == 2
+    assert "q4 not supported; choose from f32, f16" in " ".join(bad.stderr.split()), bad.stderr
+    assert not (tmp_path / "x").exists()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad_src = subprocess.run([*H3RENDER, "convert", empty, tmp_path / "y"], capture_output=True, text=True,
+                             env=env, timeout=120)  # fmt: skip
+    assert bad_src.returncode == 2
+    assert "none of transformer, text_encoder, vae found" in " ".join(bad_src.stderr.split()), bad_src.stderr
