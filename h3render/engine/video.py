@@ -135,6 +135,13 @@ class Mp4Writer:
         self._log.seek(0)
         return self._log.read().decode("utf-8", "replace").strip()[-2000:]
 
+    def __del__(self) -> None:  # never leave ffmpeg running or a temp file behind
+        if getattr(self, "_proc", None) is not None:
+            try:
+                self.abort()
+            except Exception:
+                pass
+
     def __enter__(self) -> "Mp4Writer":
         return self
 
