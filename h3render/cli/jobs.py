@@ -237,8 +237,7 @@ def sweep_options(fn):
 def sweep(toml_file, preview, priority, options, dry_run, wait, as_json, **axes_flags) -> None:
     """Queue a grid of renders: --seed 1-8 --steps 20,30 --quant q8_0,q4_0 --prompt A --prompt B."""
     from h3render.queue import sweep as sw
-    from h3render.queue.enqueue import enqueue_planned, plan
-    from h3render.queue.job import new_sweep_id
+    from h3render.queue.enqueue import enqueue_sweep_planned, plan
 
     fixed: dict[str, Any] = {}
     axes: dict[str, list[Any]] = {}
@@ -273,8 +272,7 @@ def sweep(toml_file, preview, priority, options, dry_run, wait, as_json, **axes_
         click.echo(json.dumps(summary) if as_json else
                    f"dry run: {summary['jobs']} jobs, estimated {fmt_s(total)} ({summary['estimate_source']})")
         return
-    res = enqueue_planned(r, planned, settings, sweep_id=new_sweep_id(),
-                          sweep_record={"axes": axes, "fixed": fixed, "preview": int(preview)})
+    res = enqueue_sweep_planned(r, planned, fixed, axes, settings, preview)
     if as_json:
         click.echo(json.dumps({"sweep_id": res.sweep_id, **summary}))
     else:

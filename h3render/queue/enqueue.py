@@ -185,6 +185,11 @@ def enqueue_sweep(
 ) -> EnqueueResult:
     """Expand the grid, validate every job, and enqueue the sweep in one pipeline."""
     planned = plan(r, expand(fixed, axes), settings, preview=preview, rng=rng)
-    sweep_id = new_sweep_id()
+    return enqueue_sweep_planned(r, planned, fixed, axes, settings, preview)
+
+
+def enqueue_sweep_planned(r: redis.Redis, planned: Sequence[Planned], fixed: Mapping[str, Any],
+                          axes: Mapping[str, list[Any]], settings: Settings, preview: bool) -> EnqueueResult:
+    """Enqueue an already planned sweep (the CLI plans first to print an estimate or dry-run)."""
     record = {"axes": axes, "fixed": fixed, "preview": int(preview)}
-    return enqueue_planned(r, planned, settings, sweep_id=sweep_id, sweep_record=record)
+    return enqueue_planned(r, planned, settings, sweep_id=new_sweep_id(), sweep_record=record)
