@@ -12,6 +12,13 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# Subprocesses started by tests (CLI runs, workers) may import h3render from the
+# source tree; they must still load the engine library this process loads, the
+# one `pip install .` compiled.
+from h3render.engine.binding import library_path  # noqa: E402
+
+os.environ.setdefault("H3RENDER_LIB", str(library_path()))
+
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     """Max absolute error scaled by the reference's largest magnitude.
