@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #endif
 #include "internal.h"
+#include "quant.h"
 #include "test_exports.h"   /* h3r_ops_force_ref */
 
 /* ---------------------------------------------------------------- dot product */
@@ -181,9 +182,93 @@ static void matmul_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* ---------------------------------------------------------------- quantized matmul
+ *
+ * W (M, K) in Q8_0 / Q4_0 / Q6_K blocks. Phase 1 quantizes x (N, K) once into
+ * xq (N, K/32) activation blocks, rows split over threads. Phase 2 splits the
+ * M output columns into one contiguous chunk per thread; within it, QMM_JB
+ * weight rows (a few KiB, cache-resident) meet every activation row, four
+ * activation rows per kernel call so each weight load feeds four dots:
+ *
+ *   for each block of QMM_JB weight rows in the chunk:
+ *     for n in 0, 4, 8, ... N:           (then single rows for N mod 4)
+ *       for each weight row j:  y[n..n+3][j] = vec_dot(w_j, xq[n..n+3]) + b[j]
+ *
+ * Each y element comes from one vec_dot chain whatever the tiling, so the
+ * result is the same for every thread count.
+ */
+
+#define QMM_JB 16   /* weight rows per cache block */
+
+typedef struct {
+    float *y;              /* (N, M) */
+    const float *x;        /* (N, K) */
+    blk_q8x *xq;           /* (N, nb) */
+    const uint8_t *w;      /* M rows of row_bytes */
+    size_t row_bytes;
+    int type;
+    const float *b;        /* (M,) or NULL */
+    int64_t N, K, M, nb;
+    int ref;
+} qmm_ctx;
+
+/* Phase 1: rows [N*ith/nth, N*(ith+1)/nth) of x -> xq. */
+static void qmm_quantize_worker(void *arg, int ith, int nth) {
+    qmm_ctx *c = arg;
+    int64_t r0 = c->N * ith / nth, r1 = c->N * (ith + 1) / nth;
+    for (int64_t r = r0; r < r1; r++) quantize_row_q8x(c->x + r * c->K, c->xq + r * c->nb, c->K);
+}
+
+/* Phase 2: output columns [j0, j1) for all N rows. */
+static void qmm_worker(void *arg, int ith, int nth) {
+    qmm_ctx *c = arg;
+    const int64_t N = c->N, M = c->M, nb = c->nb;
+    int64_t chunk = (M + nth - 1) / nth;
+    int64_t j0 = chunk * ith, j1 = j0 + chunk < M ? j0 + chunk : M;
+    void (*dot)(int, int64_t, const void *, const blk_q8x *const *, int, float *) =
+        c->ref ? vec_dot_ref : vec_dot;
+    for (int64_t jb = j0; jb < j1; jb += QMM_JB) {
+        int64_t je = jb + QMM_JB < j1 ? jb + QMM_JB : j1;
+        for (int64_t n = 0; n < N; n += 4) {
+            int nr = N - n < 4 ? (int)(N - n) : 4;
+            const blk_q8x *xs[4];
+            for (int r = 0; r < nr; r++) xs[r] = c->xq + (n + r) * nb;
+            for (int64_t j = jb; j < je; j++) {
+                float s[4];
+                dot(c->type, nb, c->w + (size_t)j * c->row_bytes, xs, nr, s);
+                for (int r = 0; r < nr; r++) c->y[(n + r) * M + j] = c->b ? s[r] + c->b[j] : s[r];
+            }
+        }
+    }
+}
+
+/* Quantized branch of op_matmul; arguments already checked. */
+static int matmul_quant(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const float *b,
+                        int64_t N) {
+    const char *wn = W->name ? W->name : "(unnamed)";
+    int64_t K = W->ne[0], M = W->ne[1];
+    int bs = quant_block_elems(W->type);
+    if (K % bs)
+        return h3r_seterr(H3R_ERR_FORMAT, "matmul: weight '%s' is %s with %lld inputs, not a multiple "
+                          "of its block size %d", wn, ggml_type_name(W->type), (long long)K, bs);
+    int64_t nb = K / QK8X;
+    if ((uint64_t)N > SIZE_MAX / sizeof(blk_q8x) / (uint64_t)nb)
+        return h3r_seterr(H3R_ERR_NOMEM, "matmul: %lld x %lld activations overflow", (long long)N, (long long)K);
+    blk_q8x *xq = malloc((size_t)N * (size_t)nb * sizeof(blk_q8x));
+    if (!xq)
+        return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory quantizing %lld x %lld activations",
+                          (long long)N, (long long)K);
+    qmm_ctx c = {y, x, xq, W->data, ggml_type_nbytes(W->type, K), W->type, b, N, K, M, nb,
+                 h3r_ops_force_ref};
+    h3r_pool_run(p, qmm_quantize_worker, &c);
+    h3r_pool_run(p, qmm_worker, &c);
+    free(xq);
+    return 0;
+}
+
 /*
- * y (N, M) = x (N, K) @ W^T + b, W ne = {K, M} (F32 or F16), b (M,) F32 or
- * NULL. Returns 0, or a negative code naming the tensor when W is not 2-D,
+ * y (N, M) = x (N, K) @ W^T + b, W ne = {K, M} (F32, F16, Q8_0, Q4_0, Q6_K),
+ * b (M,) F32 or NULL. Returns 0, or a negative code naming the tensor when W is not 2-D,
  * of an unsupported type, or b does not match.
  */
 int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const h3r_tensor *b,
@@ -193,9 +278,9 @@ int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const 
     if (W->ne[2] != 1 || W->ne[3] != 1)
         return h3r_seterr(H3R_ERR_FORMAT, "matmul: weight '%s' must be 2-D, has ne = [%lld, %lld, %lld, %lld]",
                           wn, (long long)W->ne[0], (long long)W->ne[1], (long long)W->ne[2], (long long)W->ne[3]);
-    if (W->type != GGML_TYPE_F32 && W->type != GGML_TYPE_F16)
-        return h3r_seterr(H3R_ERR_UNSUPPORTED, "matmul: weight '%s' has type %s (supported: f32, f16)",
-                          wn, ggml_type_name(W->type));
+    if (W->type != GGML_TYPE_F32 && W->type != GGML_TYPE_F16 && !quant_is_matmul_type(W->type))
+        return h3r_seterr(H3R_ERR_UNSUPPORTED, "matmul: weight '%s' has type %s (supported: f32, f16, "
+                          "q8_0, q4_0, q6_k)", wn, ggml_type_name(W->type));
     int64_t K = W->ne[0], M = W->ne[1];
     if (b) {
         const char *bn = b->name ? b->name : "(unnamed)";
@@ -208,6 +293,7 @@ int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const 
     }
     if (N < 0) return h3r_seterr(H3R_ERR_INVALID, "matmul: N = %lld < 0", (long long)N);
     if (N == 0) return 0;
+    if (quant_is_matmul_type(W->type)) return matmul_quant(p, y, x, W, b ? (const float *)b->data : NULL, N);
     int nth = h3r_pool_size(p);
     float *scratch = NULL;
     if (W->type != GGML_TYPE_F32) {

@@ -4,6 +4,7 @@
  */
 #include <stdlib.h>
 #include "internal.h"
+#include "quant.h"
 #include "test_exports.h"
 
 int h3r_test_gguf_check(const char *path) {
@@ -113,8 +114,9 @@ int h3r_test_pool(int threads, int rounds) {
 
 int h3r_test_matmul(int threads, float *y, const float *x, const void *w, int wtype, const float *b,
                     int64_t N, int64_t K, int64_t M) {
-    if (wtype != GGML_TYPE_F32 && wtype != GGML_TYPE_F16)
-        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_matmul: wtype %d (allowed 0 f32, 1 f16)", wtype);
+    if (wtype != GGML_TYPE_F32 && wtype != GGML_TYPE_F16 && !quant_is_matmul_type(wtype))
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_matmul: wtype %d (allowed 0 f32, 1 f16, 2 q4_0, "
+                          "8 q8_0, 14 q6_k)", wtype);
     h3r_tensor W = {"test.weight", wtype, 2, {K, M, 1, 1}, w, ggml_type_nbytes(wtype, K * M)};
     h3r_tensor B = {"test.bias", GGML_TYPE_F32, 1, {M, 1, 1, 1}, b, (size_t)M * 4};
     h3r_pool *p = h3r_pool_create(threads);
@@ -170,3 +172,42 @@ int h3r_test_force_ref(int on) {
 }
 
 uint64_t h3r_test_type_nbytes(int type, int64_t n) { return ggml_type_nbytes(type, n); }
+
+/* ---- quant blocks */
+
+int h3r_test_dequantize(int type, const void *src, float *dst, int64_t n) {
+    return dequantize_row(type, src, dst, n);
+}
+
+int h3r_test_quantize(int type, const float *x, void *dst, int64_t n) {
+    if (n < 0 || n % 32)
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_quantize: n = %lld is not a multiple of 32", (long long)n);
+    switch (type) {
+    case GGML_TYPE_Q8_0: quantize_row_q8_0(x, dst, n); return 0;
+    case GGML_TYPE_Q4_0: quantize_row_q4_0(x, dst, n); return 0;
+    case 99: quantize_row_q8x(x, dst, n); return 0;
+    default:
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_quantize: type %d (allowed 8 q8_0, 2 q4_0, 99 activations)", type);
+    }
+}
+
+int h3r_test_vec_dot(int type, int ref, int64_t K, const void *w, const float *x, int nr, float *out) {
+    if (!quant_is_matmul_type(type))
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_vec_dot: type %d (allowed 2 q4_0, 8 q8_0, 14 q6_k)", type);
+    if (nr < 1 || nr > 4 || K <= 0 || K % quant_block_elems(type))
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_vec_dot: nr = %d (1..4) or K = %lld (multiple of %d)", nr,
+                          (long long)K, quant_block_elems(type));
+    int64_t nb = K / QK8X;
+    blk_q8x *xq = malloc((size_t)nr * (size_t)nb * sizeof(blk_q8x));
+    if (!xq) return h3r_seterr(H3R_ERR_NOMEM, "h3r_test_vec_dot: out of memory");
+    const blk_q8x *xs[4];
+    for (int r = 0; r < nr; r++) {
+        quantize_row_q8x(x + r * K, xq + r * nb, K);
+        xs[r] = xq + r * nb;
+    }
+    (ref ? vec_dot_ref : vec_dot)(type, nb, w, xs, nr, out);
+    free(xq);
+    return 0;
+}
+
+const char *h3r_test_simd_name(void) { return quant_simd_name(); }

@@ -44,7 +44,8 @@ H3R_API int h3r_test_gguf_get_float_array(const void *g, const char *key, double
 H3R_API int h3r_test_pool(int threads, int rounds);
 
 /* ---- ops; `threads` sizes a private pool for the call */
-/* y (N, M) = x (N, K) @ W^T + b; w (M, K) raw F32 (wtype 0) or F16 bits (wtype 1); b (M,) or NULL. */
+/* y (N, M) = x (N, K) @ W^T + b; w (M, K) raw data of GGML type wtype (0 f32, 1 f16,
+ * 2 q4_0, 8 q8_0, 14 q6_k; rows of K elements); b (M,) or NULL. */
 H3R_API int h3r_test_matmul(int threads, float *y, const float *x, const void *w, int wtype,
                             const float *b, int64_t N, int64_t K, int64_t M);
 /* out (Nq, H*Dh) = attention(q (Nq, H*Dh), k, v (Nk, H*Dh)), bias NULL or (H, Nq, Nk). */
@@ -64,6 +65,17 @@ H3R_API int h3r_test_force_ref(int on);
 
 /* Internal hook behind h3r_test_force_ref, defined in ops.c (not exported). */
 extern int h3r_ops_force_ref;
+
+/* ---- quant blocks and dot kernels (quant.h) */
+/* n elements of GGML type `type` -> dst (n,) f32. */
+H3R_API int h3r_test_dequantize(int type, const void *src, float *dst, int64_t n);
+/* x (n,) -> blocks of type 8 (q8_0), 2 (q4_0) or 99 (the activation blocks, 36 bytes). */
+H3R_API int h3r_test_quantize(int type, const float *x, void *dst, int64_t n);
+/* One weight row w (K elements of `type`) . nr activation rows x (nr, K) f32,
+ * quantized to activation blocks first -> out (nr,). ref != 0: scalar reference. */
+H3R_API int h3r_test_vec_dot(int type, int ref, int64_t K, const void *w, const float *x, int nr, float *out);
+/* "avx2", "neon-dotprod", "neon" or "scalar". */
+H3R_API const char *h3r_test_simd_name(void);
 
 /* Bytes of n elements of a GGML type (0: unknown type or partial block). */
 H3R_API uint64_t h3r_test_type_nbytes(int type, int64_t n);

@@ -1,0 +1,453 @@
+/*
+ * Quantized blocks and integer dot kernels (see quant.h for the layouts).
+ *
+ * Every kernel has a scalar _ref that the tests treat as ground truth. The
+ * fast kernel has one prologue, then `#if __AVX2__ ... #elif __ARM_NEON ...
+ * #endif`, then one scalar loop for whatever blocks the SIMD loop left (all
+ * of them when no SIMD is built). Integer block sums are exact in every
+ * variant; only the order of the f32 accumulation of block terms differs
+ * between _ref and SIMD, so they agree to a few ulps of the sum of |terms|.
+ *
+ * For one output element the SIMD kernels do the same operations whatever
+ * the number of activation rows nr handled together, so a result never
+ * depends on tiling or on the thread count.
+ */
+#include <math.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+#include "quant.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Half -> float, using the hardware conversion where there is one. */
+static inline float fp16(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    __fp16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+#else
+    return h3r_f16_to_f32(h);
+#endif
+}
+
+int quant_is_matmul_type(int type) {
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q6_K;
+}
+
+int quant_block_elems(int type) {
+    switch (type) {
+    case GGML_TYPE_Q8_0: return QK8_0;
+    case GGML_TYPE_Q4_0: return QK4_0;
+    case GGML_TYPE_Q6_K: return QK_K;
+    default: return 0;
+    }
+}
+
+const char *quant_simd_name(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return "avx2";
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+    return "neon-dotprod";
+#elif defined(__ARM_NEON)
+    return "neon";
+#else
+    return "scalar";
+#endif
+}
+
+/* ---------------------------------------------------------------- dequantize */
+
+/* Q6_K element i of block b as the signed 6-bit value q - 32. */
+static inline int q6k_value(const blk_q6_k *b, int i) {
+    int h = i / 128, s = (i % 128) / 32, l = i % 32;
+    int lo = (b->ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0xF;
+    int hi = (b->qh[32 * h + l] >> (2 * s)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/*
+ * src: n elements of `type` -> dst (n,) f32. Each value is computed as gguf-py
+ * does, in f32: Q8_0 d*q, Q4_0 d*(q-8), Q6_K (d*scale)*(q-32), so the result
+ * is bit-identical. Returns 0, or a negative code when the type is not
+ * supported or n is not a whole number of blocks.
+ */
+int dequantize_row(int type, const void *src, float *dst, int64_t n) {
+    int64_t bs = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 ? 1 : quant_block_elems(type);
+    if (bs == 0)
+        return h3r_seterr(H3R_ERR_UNSUPPORTED, "dequantize: type %s (%d) is not supported "
+                          "(f32, f16, q8_0, q4_0, q6_k)", ggml_type_name(type), type);
+    if (n < 0 || n % bs)
+        return h3r_seterr(H3R_ERR_INVALID, "dequantize: %lld elements is not a whole number of "
+                          "%s blocks of %lld", (long long)n, ggml_type_name(type), (long long)bs);
+    switch (type) {
+    case GGML_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case GGML_TYPE_F16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = h3r_f16_to_f32(h[i]);
+        break;
+    }
+    case GGML_TYPE_Q8_0: {
+        const blk_q8_0 *b = src;
+        for (int64_t k = 0; k < n / QK8_0; k++) {
+            float d = h3r_f16_to_f32(b[k].d);
+            for (int i = 0; i < QK8_0; i++) dst[k * QK8_0 + i] = (float)b[k].qs[i] * d;
+        }
+        break;
+    }
+    case GGML_TYPE_Q4_0: {
+        const blk_q4_0 *b = src;
+        for (int64_t k = 0; k < n / QK4_0; k++) {
+            float d = h3r_f16_to_f32(b[k].d);
+            for (int j = 0; j < QK4_0 / 2; j++) {
+                dst[k * QK4_0 + j] = d * (float)((b[k].qs[j] & 0xF) - 8);
+                dst[k * QK4_0 + j + 16] = d * (float)((b[k].qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    }
+    case GGML_TYPE_Q6_K: {
+        const blk_q6_k *b = src;
+        for (int64_t k = 0; k < n / QK_K; k++) {
+            float d = h3r_f16_to_f32(b[k].d);
+            for (int i = 0; i < QK_K; i++) {
+                float ds = d * (float)b[k].scales[i / 16];
+                dst[k * QK_K + i] = ds * (float)q6k_value(&b[k], i);
+            }
+        }
+        break;
+    }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- quantize */
+
+/*
+ * Q8_0 as ggml's quantize_row_q8_0_ref and gguf-py: d = amax / 127 in f32,
+ * q = roundf(x * (1/d)) (half away from zero), d stored as f16. One case is
+ * defined here where gguf-py's is not: a block whose max |x| is below
+ * 127 * 2^-126 (1/d overflows; numpy then casts inf to int8) gets q = 0, d = 0.
+ */
+void quantize_row_q8_0(const float *x, blk_q8_0 *dst, int64_t n) {
+    for (int64_t k = 0; k < n / QK8_0; k++) {
+        const float *xb = x + k * QK8_0;
+        float amax = 0.0f;
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (!isfinite(id)) id = 0.0f;  /* d subnormal: gguf-py casts inf to int (undefined) */
+        dst[k].d = h3r_f32_to_f16(d);
+        for (int i = 0; i < QK8_0; i++) dst[k].qs[i] = (int8_t)roundf(xb[i] * id);
+    }
+}
+
+/*
+ * Q4_0 as gguf-py: m = the element of largest magnitude (first on ties),
+ * d = m / -8, q = min(15, trunc(x * (1/d) + 8.5)), d stored as f16. When
+ * 1/d overflows (|m| < 8 * 2^-126) q = 8, d = 0 (gguf-py: undefined casts).
+ */
+void quantize_row_q4_0(const float *x, blk_q4_0 *dst, int64_t n) {
+    for (int64_t k = 0; k < n / QK4_0; k++) {
+        const float *xb = x + k * QK4_0;
+        float amax = 0.0f, m = 0.0f;
+        for (int i = 0; i < QK4_0; i++)
+            if (fabsf(xb[i]) > amax) { amax = fabsf(xb[i]); m = xb[i]; }
+        float d = m / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (!isfinite(id)) id = 0.0f;  /* as for Q8_0 */
+        dst[k].d = h3r_f32_to_f16(d);
+        uint8_t q[QK4_0];
+        for (int i = 0; i < QK4_0; i++) {
+            float t = truncf(xb[i] * id + 8.5f);
+            q[i] = !(t >= 0.0f) ? 0 : t > 15.0f ? 15 : (uint8_t)t;   /* NaN -> 0 */
+        }
+        for (int j = 0; j < QK4_0 / 2; j++) dst[k].qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+    }
+}
+
+/* Activations: one f32 scale d = amax/127 per 32, q = roundf(x * 127/amax) in [-127, 127]. */
+void quantize_row_q8x(const float *x, blk_q8x *dst, int64_t n) {
+    for (int64_t k = 0; k < n / QK8X; k++) {
+        const float *xb = x + k * QK8X;
+        float amax = 0.0f;
+        for (int i = 0; i < QK8X; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 127.0f / amax : 0.0f;
+        dst[k].d = d;
+        for (int i = 0; i < QK8X; i++) dst[k].qs[i] = (int8_t)roundf(xb[i] * id);
+    }
+}
+
+/* ---------------------------------------------------------------- dot: scalar reference */
+
+/* Integer sum of one weight block (32 elements) times activation block a.
+ * For Q6_K, blk is the super-block and j the 32-element sub-block (0..7). */
+static inline int32_t isum_q8_0(const blk_q8_0 *w, const int8_t *a) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += (int32_t)w->qs[i] * a[i];
+    return s;
+}
+
+static inline int32_t isum_q4_0(const blk_q4_0 *w, const int8_t *a) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) {
+        s += ((w->qs[j] & 0xF) - 8) * a[j];
+        s += ((w->qs[j] >> 4) - 8) * a[j + 16];
+    }
+    return s;
+}
+
+static inline int32_t isum_q6_k(const blk_q6_k *w, int j, const int8_t *a) {
+    int32_t s0 = 0, s1 = 0;
+    for (int l = 0; l < 16; l++) s0 += q6k_value(w, 32 * j + l) * a[l];
+    for (int l = 16; l < 32; l++) s1 += q6k_value(w, 32 * j + l) * a[l];
+    return s0 * w->scales[2 * j] + s1 * w->scales[2 * j + 1];
+}
+
+/* Weight scale of 32-element block b of a row, and its integer dot with a. */
+static inline __attribute__((always_inline)) float wscale_isum(int type, const void *w, int64_t b, const int8_t *a, int32_t *is) {
+    switch (type) {
+    case GGML_TYPE_Q8_0: {
+        const blk_q8_0 *p = (const blk_q8_0 *)w + b;
+        *is = isum_q8_0(p, a);
+        return fp16(p->d);
+    }
+    case GGML_TYPE_Q4_0: {
+        const blk_q4_0 *p = (const blk_q4_0 *)w + b;
+        *is = isum_q4_0(p, a);
+        return fp16(p->d);
+    }
+    default: {
+        const blk_q6_k *p = (const blk_q6_k *)w + b / 8;
+        *is = isum_q6_k(p, (int)(b % 8), a);
+        return fp16(p->d);
+    }
+    }
+}
+
+/*
+ * w row (32*nb elements of `type`) . x[r] (nb blocks) -> out[r], r < nr:
+ *   sum over blocks b, in order, of (dw_b * dx_b) * isum_b   (f32).
+ */
+void vec_dot_ref(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
+    for (int r = 0; r < nr; r++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t is;
+            float dw = wscale_isum(type, w, b, x[r][b].qs, &is);
+            acc += (dw * x[r][b].d) * (float)is;
+        }
+        out[r] = acc;
+    }
+}
+
+/* ---------------------------------------------------------------- dot: SIMD */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Sum of the 8 lanes in a fixed tree: (l + l+4), then pairs. */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/* 32 signed weights w . 32 activations a -> 8 int32 lanes (pairs of 4
+ * products each): |w| as u8 times sign(a, w) as s8, as ggml's mul_sum_i8. */
+static inline __m256i dot32_i8(__m256i w, __m256i a) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p16, ones);
+}
+
+/* Same with int16 scales per pair lane (Q6_K: 8 lanes of sc0 then 8 of sc1). */
+static inline __m256i dot32_i8_scaled(__m256i w, __m256i a, __m256i sc16) {
+    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p16, sc16);
+}
+
+/* The 32 weights of block b as int8, and its scale (Q6_K: also its two
+ * sub-block scales as 16-bit lanes). */
+static inline __attribute__((always_inline)) __m256i load_w_avx2(int type, const void *w, int64_t b, float *dw, __m256i *sc16) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    switch (type) {
+    case GGML_TYPE_Q8_0: {
+        const blk_q8_0 *p = (const blk_q8_0 *)w + b;
+        *dw = fp16(p->d);
+        return _mm256_loadu_si256((const __m256i *)p->qs);
+    }
+    case GGML_TYPE_Q4_0: {
+        const blk_q4_0 *p = (const blk_q4_0 *)w + b;
+        *dw = fp16(p->d);
+        __m128i q = _mm_loadu_si128((const __m128i *)p->qs);
+        __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);   /* hi: elements 16-31 */
+        return _mm256_sub_epi8(_mm256_and_si256(v, m4), _mm256_set1_epi8(8));
+    }
+    default: {
+        const blk_q6_k *p = (const blk_q6_k *)w + b / 8;
+        int j = (int)(b % 8), h = j / 4, s = j % 4;
+        *dw = fp16(p->d);
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32 * (s & 1)));
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
+        lo = _mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(4 * (s >> 1))), m4);
+        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+        hi = _mm256_slli_epi16(hi, 4);
+        *sc16 = _mm256_set_m128i(_mm_set1_epi16(p->scales[2 * j + 1]), _mm_set1_epi16(p->scales[2 * j]));
+        return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+    }
+    }
+}
+#endif
+
+#if defined(__ARM_NEON)
+/* 16 x int8 . 16 x int8 -> 4 int32 lanes. */
+static inline int32x4_t dot16_i8(int8x16_t w, int8x16_t a) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(vdupq_n_s32(0), w, a);
+#else
+    int16x8_t p0 = vmull_s8(vget_low_s8(w), vget_low_s8(a));
+    int16x8_t p1 = vmull_s8(vget_high_s8(w), vget_high_s8(a));
+    return vpadalq_s16(vpaddlq_s16(p0), p1);
+#endif
+}
+
+/* Sum of the 4 lanes: (l0 + l2) + (l1 + l3). */
+static inline float hsum4(float32x4_t v) {
+    float32x2_t s = vadd_f32(vget_low_f32(v), vget_high_f32(v));
+    return vget_lane_f32(s, 0) + vget_lane_f32(s, 1);
+}
+
+/* Weights of block b as two int8x16 halves (elements 0-15, 16-31), its scale,
+ * and for Q6_K the two sub-block scales. */
+static inline __attribute__((always_inline)) void load_w_neon(int type, const void *w, int64_t b, int8x16_t *w0, int8x16_t *w1,
+                               float *dw, int32_t sc[2]) {
+    switch (type) {
+    case GGML_TYPE_Q8_0: {
+        const blk_q8_0 *p = (const blk_q8_0 *)w + b;
+        *dw = fp16(p->d);
+        *w0 = vld1q_s8(p->qs);
+        *w1 = vld1q_s8(p->qs + 16);
+        return;
+    }
+    case GGML_TYPE_Q4_0: {
+        const blk_q4_0 *p = (const blk_q4_0 *)w + b;
+        *dw = fp16(p->d);
+        uint8x16_t q = vld1q_u8(p->qs);
+        *w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
+        *w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
+        return;
+    }
+    default: {
+        const blk_q6_k *p = (const blk_q6_k *)w + b / 8;
+        int j = (int)(b % 8), h = j / 4, s = j % 4;
+        *dw = fp16(p->d);
+        const uint8_t *ql = p->ql + 64 * h + 32 * (s & 1), *qh = p->qh + 32 * h;
+        int8x16_t shl = vdupq_n_s8((int8_t)(-4 * (s >> 1))), shh = vdupq_n_s8((int8_t)(-2 * s));
+        const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(3);
+        for (int half = 0; half < 2; half++) {
+            uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * half), shl), m4);
+            uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * half), shh), m2);
+            int8x16_t v = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
+            if (half == 0) *w0 = v; else *w1 = v;
+        }
+        sc[0] = p->scales[2 * j];
+        sc[1] = p->scales[2 * j + 1];
+        return;
+    }
+    }
+}
+#endif
+
+/*
+ * The SIMD kernel for one weight type (a constant after inlining, so the hot
+ * loop has no type test). Per output element and block: an exact int32 lane
+ * vector, converted to f32 and fused-multiply-added with the scale dw*dx into
+ * a lane accumulator; lanes summed in a fixed tree. The nr activation rows
+ * share each weight load; each row's chain of operations is the same for any nr.
+ */
+static inline __attribute__((always_inline)) void
+vec_dot_t(const int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
+    int64_t b = 0;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if defined(__AVX2__) && defined(__FMA__)
+    {
+        __m256 va[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (; b < nb; b++) {
+            float dw;
+            __m256i sc16 = _mm256_setzero_si256();
+            __m256i wq = load_w_avx2(type, w, b, &dw, &sc16);
+            for (int r = 0; r < nr; r++) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)x[r][b].qs);
+                __m256i is = type == GGML_TYPE_Q6_K ? dot32_i8_scaled(wq, a, sc16) : dot32_i8(wq, a);
+                va[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[r][b].d), _mm256_cvtepi32_ps(is), va[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) acc[r] = hsum8(va[r]);
+    }
+#elif defined(__ARM_NEON)
+    {
+        float32x4_t va[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+        for (; b < nb; b++) {
+            float dw;
+            int8x16_t w0, w1;
+            int32_t sc[2] = {1, 1};
+            load_w_neon(type, w, b, &w0, &w1, &dw, sc);
+            for (int r = 0; r < nr; r++) {
+                int32x4_t p0 = dot16_i8(w0, vld1q_s8(x[r][b].qs));
+                int32x4_t p1 = dot16_i8(w1, vld1q_s8(x[r][b].qs + 16));
+                int32x4_t is = type == GGML_TYPE_Q6_K ? vmlaq_n_s32(vmulq_n_s32(p0, sc[0]), p1, sc[1])
+                                                      : vaddq_s32(p0, p1);
+                va[r] = vfmaq_n_f32(va[r], vcvtq_f32_s32(is), dw * x[r][b].d);
+            }
+        }
+        for (int r = 0; r < nr; r++) acc[r] = hsum4(va[r]);
+    }
+#endif
+    /* scalar tail: every block the SIMD loop did not take */
+    for (; b < nb; b++)
+        for (int r = 0; r < nr; r++) {
+            int32_t is;
+            float dw = wscale_isum(type, w, b, x[r][b].qs, &is);
+            acc[r] += (dw * x[r][b].d) * (float)is;
+        }
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
+    if (nr > 4) nr = 4;
+    switch (type) {
+    case GGML_TYPE_Q8_0: vec_dot_t(GGML_TYPE_Q8_0, nb, w, x, nr, out); break;
+    case GGML_TYPE_Q4_0: vec_dot_t(GGML_TYPE_Q4_0, nb, w, x, nr, out); break;
+    default: vec_dot_t(GGML_TYPE_Q6_K, nb, w, x, nr, out); break;
+    }
+}
+
+/* ---------------------------------------------------------------- prewarm */
+
+/*
+ * Touch one byte per 4 KiB page of every tensor, in file order, so the
+ * kernel reads the weights sequentially (with readahead) before the first
+ * step instead of faulting them in at random. Returns the bytes covered.
+ */
+uint64_t gguf_prewarm(const gguf_file *g) {
+    volatile uint8_t sink = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < gguf_n_tensors(g); i++) {
+        const h3r_tensor *t = gguf_tensor_at(g, i);
+        const uint8_t *p = t->data;
+        uint8_t s = 0;
+        for (size_t o = 0; o < t->nbytes; o += 4096) s ^= p[o];
+        if (t->nbytes) s ^= p[t->nbytes - 1];
+        sink ^= s;
+        bytes += t->nbytes;
+    }
+    (void)sink;
+    return bytes;
+}
