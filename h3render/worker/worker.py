@@ -73,13 +73,18 @@ def publish_health(r: redis.Redis, host: str, decision: Decision, worker: str,
 
 
 def _pid_alive(pid: int) -> bool:
+    """True if `pid` runs on this host (a zombie, which no init reaped, counts as dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 class H3Worker(SpawnWorker):
@@ -134,7 +139,26 @@ class H3Worker(SpawnWorker):
         if alive:
             return []
         log.warning("worker %s (pid %s) on %s is gone; taking over its lock", name, pid, self.host)
+        self.clear_dead_scheduler_locks()
         return self.recover_jobs_of(name, f"worker {name} (pid {pid}) died while running it")
+
+    def clear_dead_scheduler_locks(self) -> None:
+        """Drop rq scheduler locks held by a dead scheduler process on this host, so
+        this worker's scheduler (retry intervals) starts now rather than after the
+        lock's TTL plus rq's 10-minute maintenance interval."""
+        from rq.scheduler import SCHEDULER_KEY_TEMPLATE, SCHEDULER_LOCKING_KEY_TEMPLATE
+
+        for q in self.queues:
+            key = SCHEDULER_LOCKING_KEY_TEMPLATE % q.name
+            holder = self.connection.get(key)
+            if not holder:
+                continue
+            info = self.connection.hgetall(SCHEDULER_KEY_TEMPLATE % holder.decode())
+            host = (info.get(b"hostname") or b"").decode()
+            pid = int(info.get(b"pid") or 0)
+            if not info or (host == self.host and pid and not _pid_alive(pid)):
+                self.connection.delete(key)
+                log.warning("removed the scheduler lock of a dead scheduler (pid %s)", pid)
 
     def refresh_host_lock(self) -> None:
         if not self._lock_held:
@@ -223,11 +247,13 @@ class H3Worker(SpawnWorker):
             d = self.evaluate_gate()
             if d.open:
                 break
-            if before is None:
-                before = self.get_state()
-            self.set_state(d.state[:200])
-            self.heartbeat()
-            self.refresh_host_lock()
+            try:
+                if before is None:
+                    before = self.get_state()
+                self.set_state(d.state[:200])
+                self.heartbeat()
+            except redis.ConnectionError as e:  # Redis restarting: keep waiting, do not quit
+                log.error("Redis unavailable while the gate is closed: %s", e)
             self._sleep(self.settings.gate_poll_s)
         if before is not None:
             self.set_state(before)
