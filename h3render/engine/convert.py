@@ -44,7 +44,12 @@ COMPONENTS: dict[str, str] = {
     "text_encoder": "umt5",
     "vae": "wan_vae",
 }
-QUANT_LEVELS = ("f32", "f16")
+QUANT_LEVELS = ("f32", "f16", "q8_0", "q6_k", "q4_0")
+# Block-quantized levels (GGML layouts, see h3render/engine/quantize.py): only the
+# transformer is quantized, and within it only 2-D linear weights.
+QUANTIZED_LEVELS = ("q8_0", "q6_k", "q4_0")
+QUANT_BLOCK = {"q8_0": 32, "q6_k": 256, "q4_0": 32}
+QUANT_BLOCK_BYTES = {"q8_0": 34, "q6_k": 210, "q4_0": 18}
 DEFAULT_TEXT_LEN = 512  # WanPipeline's max_sequence_length
 DEFAULT_FPS = 16
 # Below this many elements a weight stays F32: the saving is nil and the
@@ -161,7 +166,13 @@ def _load(t: _SourceTensor) -> np.ndarray:
 
 
 def _target_layout(t: _SourceTensor, quant: str) -> tuple[tuple[int, ...], str]:
-    """Stored numpy shape and type name ("f32" or "f16") of one tensor."""
+    """Stored numpy shape and type name ("f32", "f16", "q8_0", "q6_k", "q4_0") of one tensor.
+
+    At a quantized level a 2-D weight of >= F16_MIN_ELEMENTS whose rows are a whole
+    number of blocks takes that level's type; Q6_K rows that are not a multiple of
+    256 but are of 32 fall back to the more precise Q8_0 (as llama.cpp does); any
+    other weight is stored F16, and norms, biases and small tensors stay F32.
+    """
     shape = t.shape
     if t.name.endswith(".weight") and len(shape) >= 3:
         shape = (shape[0], int(np.prod(shape[1:])))
@@ -169,11 +180,16 @@ def _target_layout(t: _SourceTensor, quant: str) -> tuple[tuple[int, ...], str]:
         raise ConvertError(f"{t.path}: tensor '{t.name}' has {len(shape)} dims; GGUF allows 4")
     numel = int(np.prod(shape))
     if (
-        quant == "f16"
+        quant in ("f16",) + QUANTIZED_LEVELS
         and t.name.endswith(".weight")
         and len(shape) == 2
         and numel >= F16_MIN_ELEMENTS
     ):
+        if quant in QUANTIZED_LEVELS:
+            if shape[1] % QUANT_BLOCK[quant] == 0:
+                return shape, quant
+            if quant == "q6_k" and shape[1] % QUANT_BLOCK["q8_0"] == 0:
+                return shape, "q8_0"
         return shape, "f16"
     return shape, "f32"
 
@@ -241,6 +257,12 @@ def write_component(
         shape, ttype = _target_layout(t, quant)
         if shape != t.shape:
             writer.add_key_value(f"h3r.shape.{t.name}", list(t.shape), VT.ARRAY, VT.INT64)
+        if ttype in QUANTIZED_LEVELS:
+            nbytes = shape[0] * (shape[1] // QUANT_BLOCK[ttype]) * QUANT_BLOCK_BYTES[ttype]
+            raw = getattr(gguf.GGMLQuantizationType, ttype.upper())
+            writer.add_tensor_info(t.name, shape, np.dtype(np.float32), nbytes, raw_dtype=raw)
+            layouts.append((t, shape, ttype))
+            continue
         dtype = np.dtype(np.float16 if ttype == "f16" else np.float32)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         writer.add_tensor_info(t.name, shape, dtype, nbytes)
@@ -254,6 +276,11 @@ def write_component(
             writer.close()
             tmp.unlink(missing_ok=True)
             raise ConvertError(f"{t.path}: tensor '{t.name}' contains NaN or Inf")
+        if isinstance(dtype, str):  # a quantized level: GGML blocks as bytes
+            from h3render.engine.quantize import quantize
+
+            writer.write_tensor_data(np.ascontiguousarray(quantize(data, dtype)))
+            continue
         writer.write_tensor_data(np.ascontiguousarray(data.astype(dtype)))
     writer.close()
     os.replace(tmp, out_path)
