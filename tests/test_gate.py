@@ -221,3 +221,11 @@ def test_missing_probes_are_notes_not_holds(s):
     d = decide(r, s)
     assert d.open and "no memory pressure reading on this machine" in d.notes
     assert any("PSI" in n for n in d.notes)
+
+
+def test_cgroup_limit_caps_available(s):
+    # a container limited to 2 GiB with 1.9 GiB in use, on a host with 12 of 16 GiB free
+    r = linux(cgroup_max=2 * GiB, cgroup_current=int(1.9 * GiB))
+    assert r.memory.total_bytes == 2 * GiB
+    assert r.memory.available_bytes == 2 * GiB - int(1.9 * GiB)
+    assert [x.code for x in decide(r, s).reasons] == ["available"]

@@ -179,11 +179,20 @@ def linux_readings(
     zone_pattern: str = r".",
     throttle_count: int | None = None,
     battery: PsutilBattery | None = None,
+    cgroup_max: int | None = None,
+    cgroup_current: int | None = None,
     errors: list[str] | None = None,
     at: float | None = None,
 ) -> Readings:
     """A Readings from parsed Linux outputs. Thermal zones are chosen by type
-    (`zone_pattern`, a regex searched case-insensitively), never by number."""
+    (`zone_pattern`, a regex searched case-insensitively), never by number. A
+    cgroup v2 memory limit (a container) caps total and available memory."""
+    total = virtual_memory.total if virtual_memory else None
+    avail = virtual_memory.available if virtual_memory else None
+    if cgroup_max is not None and cgroup_current is not None:
+        total = min(total, cgroup_max) if total is not None else cgroup_max
+        room = max(cgroup_max - cgroup_current, 0)
+        avail = min(avail, room) if avail is not None else room
     pat = re.compile(zone_pattern, re.I)
     found: list[ZoneReading] = []
     for z in (zones or {}).values():
@@ -202,8 +211,8 @@ def linux_readings(
         time=at if at is not None else time.time(),
         platform="linux",
         memory=MemoryReading(
-            total_bytes=virtual_memory.total if virtual_memory else None,
-            available_bytes=virtual_memory.available if virtual_memory else None,
+            total_bytes=total,
+            available_bytes=avail,
             swap_total_bytes=swap_total,
             swap_used_bytes=swap_used,
             psi_some_avg10=psi_memory.some.avg10 if psi_memory else None,

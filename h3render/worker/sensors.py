@@ -139,6 +139,21 @@ def _throttle_count() -> int | None:
     return total
 
 
+def _cgroup_memory() -> tuple[int | None, int | None]:
+    """(memory.max, memory.current) of this process's cgroup v2, or (None, None)
+    when there is no limit ("max") or no cgroup v2."""
+    try:
+        rel = [ln.split(":", 2)[2] for ln in _read_text("/proc/self/cgroup").splitlines()
+               if ln.startswith("0::")]
+        base = "/sys/fs/cgroup" + (rel[0].strip() if rel else "")
+        limit = _read_text(f"{base}/memory.max").strip()
+        if limit == "max":
+            return None, None
+        return int(limit), int(_read_text(f"{base}/memory.current").strip())
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
 def read_linux(settings: Settings) -> Readings:
     import psutil
 
@@ -166,6 +181,7 @@ def read_linux(settings: Settings) -> Readings:
         return P.parse_psutil_battery(repr(b))[0] if b is not None else None
 
     swap = _try(errors, "psutil swap", psutil.swap_memory)
+    cg_max, cg_cur = _cgroup_memory()
     return linux_readings(
         psi_memory=_try(errors, "PSI", psi),
         virtual_memory=_try(errors, "psutil", _psutil_vm),
@@ -176,6 +192,8 @@ def read_linux(settings: Settings) -> Readings:
         zone_pattern=settings.gate_thermal_zone_pattern,
         throttle_count=_throttle_count(),
         battery=_try(errors, "psutil battery", battery),
+        cgroup_max=cg_max,
+        cgroup_current=cg_cur,
         errors=errors,
     )
 
