@@ -127,6 +127,9 @@ def test_sweep_of_8_runs_end_to_end(env, redis_conn, h3_settings):
         assert meta["engine"]["quant_levels"] and meta["peak_rss"] > 0
         assert {"admission", "denoise", "decode", "write", "total"} <= set(meta["timings_s"])
         assert meta["health"] and meta["estimate"]["bytes"] > 0
+    from h3render.queue.engine_info import published_info
+
+    assert published_info(redis_conn, "tiny-wan")["text_len"] > 0  # the worker published limits
     # status --json through the CLI agrees
     e = {k: v for k, v in env.items() if not k.startswith("_")}
     out = subprocess.run([sys.executable, "-c", CLI, "status", res.sweep_id, "--json"], env=e,

@@ -289,6 +289,10 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
         with Engine(model_dir, threads=0) as engine:
             info = engine.info()
             meta.update(engine={k: info.get(k) for k in ("engine", "engine_version", "abi", "model")})
+            if rq_job is not None:  # clients validate new jobs against what workers serve
+                from h3render.queue.engine_info import publish_engine_info
+
+                publish_engine_info(rq_job.connection, job.model, info)
             req = GenerateRequest(
                 width=job.width, height=job.height, frames=job.frames, steps=job.steps,
                 seed=int(job.seed), prompt=job.prompt, negative_prompt=job.negative_prompt or "",
