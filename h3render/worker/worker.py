@@ -16,7 +16,7 @@
                 canceled registry; a horse killed by a signal (engine crash) is
                 recorded in the job's meta with the signal and the last phase.
 
-Jobs are JSON (rq's JSONSerializer); pickle is never used.
+Jobs are JSON (rq's JSONSerializer), never a binary Python serialization.
 """
 
 from __future__ import annotations
