@@ -1,0 +1,65 @@
+"""`h3render dashboard`: serve the sweep gallery, job and worker pages, and rq-dashboard under /rq."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from h3render.dashboards.security import BASIC_ENV, TOKEN_ENV
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback needs --token or --basic-auth.")
+@click.option("--port", default=9181, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--token", envvar=TOKEN_ENV, default=None, show_envvar=True,
+              help="Require this token (open the dashboard once with ?token=..., or send "
+                   "Authorization: Bearer ...). At least 16 characters.")
+@click.option("--basic-auth", "basic", envvar=BASIC_ENV, default=None, show_envvar=True,
+              metavar="USER:PASSWORD", help="Require HTTP basic auth.")
+def dashboard(host: str, port: int, token: str | None, basic: str | None) -> None:
+    """Serve the dashboards: sweeps, sweep grids, jobs, workers, and rq-dashboard at /rq."""
+    from h3render.dashboards.security import Auth, DashboardSecurityError, check_bind
+
+    try:
+        auth = Auth.parse(token, basic)
+        check_bind(host, auth)
+    except DashboardSecurityError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+    from h3render.dashboards.app import create_app
+    from h3render.queue.connection import get_redis
+    from h3render.queue.errors import RedisUnavailableError
+    from h3render.settings import Settings
+
+    settings = Settings()
+    try:
+        r = get_redis(settings)
+    except RedisUnavailableError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    app = create_app(settings, redis_conn=r, auth=auth, host=host)
+
+    from werkzeug.serving import make_server
+
+    try:
+        server = make_server(host, port, app, threaded=True)
+    except OSError as e:
+        click.echo(f"error: cannot listen on {host}:{port}: {e.strerror or e}", err=True)
+        sys.exit(1)
+    shown = f"[{host}]" if ":" in host else host
+    how = " (token required)" if auth.token else " (basic auth)" if auth.basic_user else ""
+    click.echo(f"h3render dashboard on http://{shown}:{server.server_port}/{how}; rq-dashboard at /rq; "
+               "Ctrl-C stops", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":  # python -m h3render.cli.dashboard (tests, before the command is registered)
+    dashboard()

@@ -1,0 +1,63 @@
+// h3render dashboard: play clips on hover/click, submit the layout picker on change,
+// and keep running jobs' progress live by polling the page's JSON (data-live on <body>).
+(function () {
+  "use strict";
+
+  document.querySelectorAll("video.clip:not(.big)").forEach(function (v) {
+    function play() { var p = v.play(); if (p && p.catch) { p.catch(function () {}); } }
+    v.addEventListener("mouseenter", play);
+    v.addEventListener("mouseleave", function () { v.pause(); });
+    v.addEventListener("click", function () { if (v.paused) { play(); } else { v.pause(); } });
+  });
+
+  document.querySelectorAll("select.autosubmit").forEach(function (s) {
+    s.addEventListener("change", function () { s.form.submit(); });
+  });
+
+  var body = document.body;
+  if (!body.hasAttribute("data-live")) { return; }
+  var url = body.getAttribute("data-live");
+  if (!url) { // a page without a JSON view: refresh it while something runs
+    setTimeout(function () { location.reload(); }, 5000);
+    return;
+  }
+
+  function fmt(s) {
+    if (s === null || s === undefined) { return ""; }
+    return s < 60 ? s.toFixed(s < 10 ? 1 : 0) + " s" : Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+  }
+
+  function update(job) {
+    var nodes = document.querySelectorAll('[data-job-id="' + job.id + '"]');
+    var reload = false;
+    nodes.forEach(function (el) {
+      var was = el.getAttribute("data-state");
+      if (was && was !== job.state) { reload = true; }
+      var bar = el.querySelector(".bar.live > span");
+      if (bar && job.progress !== null) { bar.style.width = (job.progress * 100).toFixed(1) + "%"; }
+      var text = el.querySelector(".live-text");
+      if (text) {
+        var t = job.step !== null ? "step " + job.step + " / " + job.steps : (job.phase || job.state);
+        if (job.eta_s !== null) { t += " · ETA " + fmt(job.eta_s); }
+        text.textContent = t;
+      }
+    });
+    return reload;
+  }
+
+  function poll() {
+    fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (doc) {
+        if (!doc) { return; }
+        var jobs = doc.jobs || [doc];
+        var reload = false;
+        jobs.forEach(function (j) { if (update(j)) { reload = true; } });
+        var single = document.querySelector(".summary .progress[data-job-id]");
+        if (!doc.jobs && single && ["finished", "failed", "canceled"].indexOf(doc.state) >= 0) { reload = true; }
+        if (reload) { location.reload(); } else { setTimeout(poll, 1500); }
+      })
+      .catch(function () { setTimeout(poll, 5000); });
+  }
+  setTimeout(poll, 1500);
+})();
