@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "quant.h"   /* gguf_prewarm */
 #include "models.h"
 
 #define H3R_ENGINE_NAME "h3render-cpu"
@@ -504,12 +505,14 @@ H3R_API int h3r_vae_decode(h3r_engine *e, const char *quant, const float *z, int
 typedef struct {
     const h3r_request *req;
     int crash_at_step;       /* test trigger, -1 when off */
+    int prewarm;             /* 1: read the DiT weights in file order before step 0 */
 } gen_opts;
 
 /* Parse "key=value;..." engine options. Unknown keys are an error, so a typo
  * in a sweep does not silently render with defaults. */
 static int parse_options(const char *opts, gen_opts *o) {
     o->crash_at_step = -1;
+    o->prewarm = 0;
     if (!opts || !*opts) return 0;
     const char *p = opts;
     while (*p) {
@@ -535,9 +538,14 @@ static int parse_options(const char *opts, gen_opts *o) {
                 if (*ep || v < 0 || v > 100000)
                     return h3r_seterr(H3R_ERR_INVALID, "test_crash_at_step=%s is not a step number", val);
                 o->crash_at_step = (int)v;
+            } else if (strcmp(key, "prewarm") == 0) {
+                if (strcmp(val, "0") && strcmp(val, "1"))
+                    return h3r_seterr(H3R_ERR_INVALID, "engine option prewarm=%s: allowed 0 or 1", val);
+                o->prewarm = val[0] == '1';
             } else {
                 return h3r_seterr(H3R_ERR_INVALID,
-                                  "engine option '%s' is not known to the CPU engine (known: test_crash_at_step)", key);
+                                  "engine option '%s' is not known to the CPU engine (known: prewarm, "
+                                  "test_crash_at_step)", key);
             }
         }
         if (!end) break;
@@ -747,6 +755,7 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
 
     if ((rc = sampler_create(req->sampler, req->steps, req->shift, n, &s))) goto done;
     const float *timesteps = sampler_timesteps(s);
+    if (opts.prewarm) gguf_prewarm(dit->file);
     PROGRESS(H3R_PHASE_DENOISE, 0, req->steps);
     for (int i = 0; i < req->steps; i++) {
         if (opts.crash_at_step == i) raise(SIGSEGV); /* test trigger, see parse_options */

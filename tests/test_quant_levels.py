@@ -193,3 +193,21 @@ def test_wide_dit_forward_per_level(wide):
         err = rel_err(outs[level], outs["f32"])
         print(f"wide DiT {level}: forward rel_err vs f32 {err:.2e} (tolerance {DIT_TOL[level]})")
         assert err < DIT_TOL[level], f"{level}: {err:.3g}"
+
+
+def test_prewarm_option(tiny, f32_frames):
+    """options prewarm=1 reads the DiT weights in file order first; frames are unchanged."""
+    sampler, steps, guidance, shift, width, height, frames = REF[f"{CASE}_meta"]
+    base = dict(width=int(width), height=int(height), frames=int(frames), steps=int(steps),
+                prompt_ids=REF["prompt_ids"].tolist(), negative_ids=REF["negative_ids"].tolist(),
+                guidance=float(guidance), shift=float(shift), sampler="unipc", quant="f32", threads=2,
+                init_latents=REF[f"{CASE}_init"])
+    out: dict[int, np.ndarray] = {}
+    with Engine(tiny, 2) as engine:
+        engine.generate(GenerateRequest(**base, options={"prewarm": 1}),
+                        on_frame=lambda kind, i, rgb: out.__setitem__(i, rgb) if kind == 0 else None)
+        assert np.stack([out[i] for i in range(int(frames))]).tobytes() == f32_frames.tobytes()
+        from h3render.engine.exceptions import EngineError
+
+        with pytest.raises(EngineError, match="prewarm=2: allowed 0 or 1"):
+            engine.generate(GenerateRequest(**base, options={"prewarm": 2}))
