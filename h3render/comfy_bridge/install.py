@@ -78,9 +78,10 @@ def install(comfy_dir: Path, force: bool = False) -> Installed:
 
 
 def check_python(python: str) -> str:
-    """Import the nodes' package with ComfyUI's Python; 'ok <version>' or the error text."""
-    code = ("import importlib.metadata as m, h3render.comfy_bridge.client; "
-            "print('ok', m.version('h3render'))")
+    """Import the nodes' package with ComfyUI's Python; 'ok <version> <where>' or the error text."""
+    code = ("import importlib.metadata as m, os, h3render, h3render.comfy_bridge.client\n"
+            "try:\n    v = m.version('h3render')\nexcept m.PackageNotFoundError:\n    v = 'from a source tree'\n"
+            "print('ok', v, os.path.dirname(h3render.__file__))")
     try:
         p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
