@@ -205,7 +205,7 @@ DRIVER = textwrap.dedent(r"""
     out["bf16"] = {"params": params(), "events": events}
     e.generate(req(quant="int8-row", options={"core_reuse": 4, "token_reduction": True,
                                                "render_width": 32, "render_height": 16 * 2,
-                                               "output_path": "/tmp/x.mp4"}, width=32))
+                                               "output_path": os.path.join(os.getcwd(), "x.mp4")}, width=32))
     out["int8_row"] = params()
     e.generate(req(quant="int8", seed=2**64 - 1, steps=5, preview_every=2), on_frame=lambda k, i, a: None)
     out["int8"] = params()
@@ -308,7 +308,7 @@ def test_request_translated_by_field_name(driven):
     r = driven["int8_row"]
     assert r["use_int8_row_fc2"] == 1 and r["use_slower_bf16_mlp"] == 0
     assert (r["core_reuse"], r["token_reduction"], r["render_width"], r["render_height"]) == (4, 1, 32, 32)
-    assert r["output_path"] == "/tmp/x.mp4" and r["preview_denoise"] == 0
+    assert r["output_path"] == os.path.join(driven["_work"], "x.mp4") and r["preview_denoise"] == 0
 
     i = driven["int8"]
     assert i["seed"] == 2**64 - 1  # the full uint64 seed
