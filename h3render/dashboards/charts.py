@@ -100,7 +100,7 @@ def closed_bands(records: Iterable[Mapping[str, Any]], x1: float) -> list[Band]:
 
 def health_charts(records: list[Mapping[str, Any]], x0: float, x1: float,
                   extra_memory: list[Series] | None = None, bands: list[Band] | None = None,
-                  markers: list[Marker] | None = None) -> list[Markup]:
+                  markers: list[Marker] | None = None, x_label: str = "seconds") -> list[Markup]:
     """Memory, pressure, heat and power charts over [x0, x1]; empty quantities say "no samples"."""
     samples = sorted((flat_sample(r) for r in records), key=lambda s: s["time"] or 0.0)
     samples = [s for s in samples if s["time"] is not None]
@@ -129,7 +129,7 @@ def health_charts(records: list[Mapping[str, Any]], x0: float, x1: float,
         Chart("thermal", "", heat, bands, markers),
         Chart("power", "", power, bands, markers),
     ]
-    return [line_chart(c, x0, x1) for c in charts]
+    return [line_chart(c, x0, x1, x_label) for c in charts]
 
 
 def phase_markers(started_at: float | None, timings: Mapping[str, Any]) -> list[Marker]:

@@ -280,11 +280,16 @@ def log_lines(item: JobItem, job: Job, doc: dict[str, Any]) -> list[str]:
     if m.get("state") not in (JobPhase.finished.value, JobPhase.failed.value, JobPhase.canceled.value):
         if m.get("step") is not None:
             add(time.time(), f"now {m.get('state')}: step {m.get('step')}/{m.get('steps')}")
+    # rq's end time (else its last heartbeat) when the task could not record one itself (a crash)
+    ended = item.row.ended_at or (job.last_heartbeat.timestamp() if job.last_heartbeat else None)
+    if ended is None and item.row.state in (JobPhase.failed.value, JobPhase.canceled.value):
+        ended = max((t for t, _ in ev), default=None)
     add(m.get("finished_at"), f"finished: {m.get('output_dir', '')}")
-    add(m.get("canceled_at"), "canceled")
-    add(m.get("failed_at"), f"failed: {m.get('error') or ''}")
+    add(m.get("canceled_at") or (ended if item.row.state == JobPhase.canceled.value else None), "canceled")
+    failed_at = m.get("failed_at") or (ended if item.row.state == JobPhase.failed.value else None)
+    add(failed_at, f"failed: {item.row.error or m.get('error') or ''}")
     if m.get("engine_error"):
-        add(m.get("failed_at") or time.time(), f"engine: {m['engine_error']}")
+        add(failed_at or ended or time.time(), f"engine: {m['engine_error']}")
     lines = [f"{_clock(ts)}  {text}" if ts else f"{'':8}  {text}" for ts, text in sorted(ev, key=lambda e: e[0])]
     exc = None
     try:

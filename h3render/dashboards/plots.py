@@ -81,6 +81,8 @@ def fmt_num(v: float) -> str:
 
 def fmt_duration(s: float) -> str:
     s = max(0.0, s)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
     if s < 60:
         return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
     if s < 3600:
@@ -124,8 +126,9 @@ def line_chart(chart: Chart, x0: float, x1: float, x_label: str = "seconds") -> 
     for t in nice_ticks(lo, hi):
         out.append(f'<line class="grid" x1="{PAD_L}" x2="{W - PAD_R}" y1="{Y(t):.1f}" y2="{Y(t):.1f}"/>')
         out.append(f'<text class="tick" x="{PAD_L - 4}" y="{Y(t) + 3:.1f}" text-anchor="end">{fmt_num(t)}</text>')
-    for t in nice_ticks(x0, x1, 6):
-        out.append(f'<text class="tick" x="{X(t):.1f}" y="{H - 8}" text-anchor="middle">{fmt_num(t - x0)}</text>')
+    for t in nice_ticks(0.0, x1 - x0, 6):
+        if X(x0 + t) < W - PAD_R - 6 * len(x_label) - 12:  # leave room for the axis label
+            out.append(f'<text class="tick" x="{X(x0 + t):.1f}" y="{H - 8}" text-anchor="middle">{fmt_num(t)}</text>')
     out.append(f'<text class="tick" x="{W - PAD_R}" y="{H - 8}" text-anchor="end">{escape(x_label)}</text>')
     out.append(f'<line class="axis" x1="{PAD_L}" x2="{PAD_L}" y1="{PAD_T}" y2="{PAD_T + ph}"/>')
     out.append(f'<line class="axis" x1="{PAD_L}" x2="{W - PAD_R}" y1="{PAD_T + ph}" y2="{PAD_T + ph}"/>')
@@ -133,7 +136,7 @@ def line_chart(chart: Chart, x0: float, x1: float, x_label: str = "seconds") -> 
         if x0 <= m.x <= x1:
             out.append(f'<line class="marker" x1="{X(m.x):.1f}" x2="{X(m.x):.1f}" y1="{PAD_T}" '
                        f'y2="{PAD_T + ph}"><title>{escape(m.label)}</title></line>')
-    legend_x = PAD_L + 8 + len(chart.title) * 7 + 40
+    legend_x = PAD_L + 20 + 7.5 * (len(chart.title) + (len(chart.unit) + 3 if chart.unit else 0))
     for i, s in enumerate(chart.series):
         color = s.color or PALETTE[i % len(PALETTE)]
         path = _path(s, X, Y)

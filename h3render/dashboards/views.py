@@ -117,8 +117,13 @@ def job(job_id: str):
         extra.append(Series("admission estimate", [(t0, est_bytes / charts.GIB), (t1, est_bytes / charts.GIB)]))
     pauses = [charts.Band(p["start"], p.get("end") or t1, f"paused: {p.get('reason')}", "#fdba74")
               for p in item.meta.get("pauses") or [] if isinstance(p, dict) and isinstance(p.get("start"), (int, float))]
-    plots = charts.health_charts(samples, t0 or t1 - 1, t1, extra, pauses,
-                                 charts.phase_markers(t0, timings)) if t0 is not None else []
+    plots = []
+    if t0 is not None:
+        times = [x["time"] for x in samples if isinstance(x.get("time"), (int, float))]
+        x0, x1 = min([t0, *times]), max([t1, *times])
+        markers = [charts.Marker(t0, "job started"), *charts.phase_markers(t0, timings)]
+        plots = charts.health_charts(samples, x0, x1, extra, pauses, markers,
+                                     f"seconds from {time.strftime('%H:%M:%S', time.localtime(x0))}")
     steps = d.meta_json.get("step_times_s") or []
     return render_template("job.html", d=d, item=item, params=item.params, meta=item.meta,
                            timings=timings, bar=bar_segments(phases), plots=plots, n_samples=len(samples),
@@ -136,7 +141,8 @@ def workers():
     for h in hosts:
         if h.history:
             t0 = float(h.history[0]["time"])
-            plots[h.host] = charts.health_charts(h.history, t0, max(now, t0 + 1))
+            plots[h.host] = charts.health_charts(h.history, t0, max(now, t0 + 1), x_label=(
+                f"seconds from {time.strftime('%H:%M:%S', time.localtime(t0))}"))
     return render_template("workers.html", hosts=hosts, plots=plots, now=now)
 
 

@@ -10,8 +10,18 @@
     v.addEventListener("click", function () { if (v.paused) { play(); } else { v.pause(); } });
   });
 
-  document.querySelectorAll("select.autosubmit").forEach(function (s) {
-    s.addEventListener("change", function () { s.form.submit(); });
+  // Moving an axis to a side another axis holds swaps them when the old side would be left empty
+  // (seed rows / steps columns -> seed columns / steps rows), then submits.
+  var pickers = Array.prototype.slice.call(document.querySelectorAll("select.autosubmit"));
+  pickers.forEach(function (s) {
+    s.setAttribute("data-prev", s.value);
+    s.addEventListener("change", function () {
+      var from = s.getAttribute("data-prev"), to = s.value;
+      var left = pickers.filter(function (o) { return o !== s && o.value === from; });
+      var there = pickers.filter(function (o) { return o !== s && o.value === to; });
+      if (from !== "pages" && left.length === 0 && there.length > 0) { there[there.length - 1].value = from; }
+      s.form.submit();
+    });
   });
 
   var body = document.body;
