@@ -102,8 +102,8 @@ def build_models():
 
     torch.manual_seed(SEED)
     vae = AutoencoderKLWan(
-        base_dim=16, z_dim=Z_DIM, dim_mult=[1, 2, 2], num_res_blocks=1,
-        temperal_downsample=[False, False], scale_factor_spatial=4, scale_factor_temporal=1,
+        base_dim=16, z_dim=Z_DIM, dim_mult=[1, 2], num_res_blocks=1,
+        temperal_downsample=[False], scale_factor_spatial=2, scale_factor_temporal=1,
     )  # fmt: skip
     te_cfg = UMT5Config(
         vocab_size=len(vocabulary()), d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2,
@@ -113,7 +113,7 @@ def build_models():
     )
     text_encoder = UMT5EncoderModel(te_cfg)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32,
+        patch_size=(1, 4, 4), num_attention_heads=4, attention_head_dim=32,
         in_channels=Z_DIM, out_channels=Z_DIM, text_dim=64, freq_dim=64, ffn_dim=256,
         num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
         rope_max_seq_len=1024,
@@ -155,7 +155,7 @@ def train_vae(vae, steps: int, batch: int, log: Log, frames: int) -> tuple[list[
 
     gen = torch.Generator().manual_seed(SEED + 1)
     specs = dd.training_specs(SEED + 2, frames=FRAMES, two_shape_prob=0.3)
-    opt = torch.optim.AdamW(vae.parameters(), lr=2e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / steps))))
     vae.train()
@@ -303,7 +303,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--log", type=Path, default=None)
-    ap.add_argument("--vae-steps", type=int, default=1000)
+    ap.add_argument("--vae-steps", type=int, default=800)
     ap.add_argument("--vae-batch", type=int, default=8)
     ap.add_argument("--vae-frames", type=int, default=5, help="clip length the VAE trains on")
     ap.add_argument("--clips", type=int, default=8000, help="clips encoded for the DiT")
