@@ -363,3 +363,54 @@ def test_installed_shim_loads_the_nodes_or_says_what_to_install(comfy_dir, monke
     assert p.returncode != 0
     assert "h3render is not installed in the Python that runs ComfyUI" in p.stderr
     assert "-m pip install h3render" in p.stderr
+
+
+# ---------------------------------------------------------------- example workflows
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "comfyui"
+
+
+def _widget_names(inputs_spec: dict) -> list[str]:
+    """Widget order in a UI workflow's widgets_values: each widget, plus ComfyUI's extra
+    'control_after_generate' value after an INT that has one."""
+    names = []
+    for name, (kind, opts) in inputs_spec["required"].items():
+        if kind in ("IMAGE", "VIDEO"):
+            continue
+        names.append(name)
+        if opts.get("control_after_generate"):
+            names.append("<control_after_generate>")
+    return names
+
+
+@pytest.mark.parametrize("name", ["render", "sweep"])
+def test_example_ui_and_api_workflows_agree(nodes, name):
+    """The UI-format example is the API-format one as the editor saves it: same nodes, same
+    links, and widget values in INPUT_TYPES order equal to the API inputs."""
+    api = json.loads((EXAMPLES / f"{name}_api.json").read_text())
+    ui = json.loads((EXAMPLES / f"{name}_ui.json").read_text())
+    links = {l[0]: l for l in ui["links"]}
+    assert {str(n["id"]): n["type"] for n in ui["nodes"]} == {k: v["class_type"] for k, v in api.items()}
+    for n in ui["nodes"]:
+        node_api = api[str(n["id"])]["inputs"]
+        for inp in n["inputs"]:  # links: [id, from node, from slot, to node, to slot, type]
+            link = links[inp["link"]]
+            assert node_api[inp["name"]] == [str(link[1]), link[2]] and link[3] == n["id"], (n["type"], inp)
+        cls = nodes.NODE_CLASS_MAPPINGS.get(n["type"])
+        if cls is None:  # ComfyUI's own nodes: check the widget values we rely on
+            assert n["type"] in ("PreviewImage", "SaveVideo")
+            if n["type"] == "SaveVideo":
+                assert n["widgets_values"] == [node_api["filename_prefix"], node_api["format"], node_api["codec"]]
+            continue
+        names = _widget_names(cls.INPUT_TYPES())
+        assert len(names) == len(n["widgets_values"]), n["type"]
+        spec_inputs = cls.INPUT_TYPES()["required"]
+        for wname, value in zip(names, n["widgets_values"]):
+            if wname.startswith("<"):
+                assert value in ("fixed", "increment", "decrement", "randomize")
+            elif isinstance(node_api[wname], list):  # linked in the API format: widget keeps a default
+                assert value == spec_inputs[wname][1]["default"], wname
+            else:
+                assert node_api[wname] == value, (n["type"], wname)
+        assert set(node_api) == set(spec_inputs), n["type"]  # every input given, none unknown

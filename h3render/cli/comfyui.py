@@ -31,7 +31,7 @@ def install(comfyui_dir: Path, force: bool, python: str | None, as_json: bool) -
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     if python:
-        res.python_check = check_python(python)
+        res.python_check = check_python(python, cwd=res.path.parent.parent)
     ok = res.python_check is None or res.python_check.startswith("ok")
     if as_json:
         click.echo(json.dumps({"path": str(res.path), "replaced": res.replaced, "python_check": res.python_check}))

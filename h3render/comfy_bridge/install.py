@@ -77,13 +77,14 @@ def install(comfy_dir: Path, force: bool = False) -> Installed:
     return Installed(target, replaced)
 
 
-def check_python(python: str) -> str:
-    """Import the nodes' package with ComfyUI's Python; 'ok <version> <where>' or the error text."""
+def check_python(python: str, cwd: Path | None = None) -> str:
+    """Import the nodes' package with ComfyUI's Python, from `cwd` (ComfyUI's folder, so a
+    source tree in the caller's folder cannot stand in); 'ok <version> <where>' or the error."""
     code = ("import importlib.metadata as m, os, h3render, h3render.comfy_bridge.client\n"
             "try:\n    v = m.version('h3render')\nexcept m.PackageNotFoundError:\n    v = 'from a source tree'\n"
             "print('ok', v, os.path.dirname(h3render.__file__))")
     try:
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"cannot run {python}: {e}"
     if p.returncode == 0:
