@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "docs" / "screenshots"
 CLI = "import sys; from h3render.cli import main; sys.argv[0] = 'h3render'; main()"
 DASH = "import sys; from h3render.cli.dashboard import dashboard; sys.argv[0] = 'h3render dashboard'; dashboard()"
-PROMPT = 'a red <b>ball</b> & "quotes" <script>window.__pwned = 1</script>'
+PROMPT = 'a red <b>ball</b> & "quotes" <script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">'
 SMALL = {"prompt": PROMPT, "width": 64, "height": 64, "frames": 17}
 AXES = {"seed": [1, 2], "steps": [2, 3]}
 CRASH_AT = (2, 3)  # (seed, steps) of the job that crashes
@@ -207,7 +208,7 @@ def test_sweep_grid_has_one_cell_per_job_with_axis_labels(world, browser):
     assert len(finished) == 3
     for c in finished:
         stats = c.find_element("css selector", ".stats").text
-        assert " s · " in stats and "MiB" in stats  # render time and peak memory
+        assert re.fullmatch(r"[\d.]+ (ms|s) \S \d+ MiB", stats), stats  # render time and peak memory
 
 
 def test_clip_plays_on_hover(world, browser):
@@ -286,6 +287,13 @@ def test_rq_dashboard_answers(world, browser):
     browser.open(f"{world.base}/rq/0/view/jobs/h3render/failed/8/asc/1")
     browser.wait(lambda d: world.failed_id() in d.find_element("css selector", "body").text, 20,
                  "the failed job in rq-dashboard's list")
+    assert browser.console_errors() == []
+    # its job view puts the description (with our prompt) into the page as HTML: escaped by the app
+    browser.open(f"{world.base}/rq/0/view/job/{world.failed_id()}")
+    browser.wait(lambda d: "<b>ball</b>" in d.find_element("css selector", "body").text, 20,
+                 "the job's description as text")
+    assert browser.css(".description-scroll b, .description-scroll img") == []
+    assert browser.js("return window.__pwned === undefined")
     assert browser.console_errors() == []
 
 

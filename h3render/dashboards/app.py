@@ -10,12 +10,16 @@ JSONSerializer, the only serializer h3render uses.
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from flask import Flask, Response, g, redirect, render_template, request
+from markupsafe import escape
 from rq.serializers import JSONSerializer
 
 from h3render.dashboards.security import (
@@ -176,7 +180,45 @@ def _check_csrf() -> Response | None:
     return Response(body, 403)
 
 
+# rq-dashboard 0.9.0 inserts some JSON fields into the page as raw HTML with underscore's
+# `<%= %>`: every field of the job view (description, metadata, exc_info: our prompts are in
+# them) and the worker list's call string and names. Those responses are escaped here.
+_RQ_JOB_JSON = re.compile(rf"^{RQ_PREFIX}/\d+/data/job/[^/]+\.json$")
+_RQ_WORKERS_JSON = re.compile(rf"^{RQ_PREFIX}/\d+/data/workers\.json$")
+
+
+def _escape_all(v: Any) -> Any:
+    if isinstance(v, str):
+        return str(escape(v))
+    if isinstance(v, list):
+        return [_escape_all(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _escape_all(x) for k, x in v.items()}
+    return v
+
+
+def _escape_rq_json(resp: Response) -> Response:
+    path = request.path
+    job_view = bool(_RQ_JOB_JSON.match(path))
+    if not (job_view or _RQ_WORKERS_JSON.match(path)) or resp.mimetype != "application/json":
+        return resp
+    doc = json.loads(resp.get_data())
+    if job_view:
+        doc = _escape_all(doc)
+    else:
+        for w in doc.get("workers") or []:
+            for k in ("name", "queues", "state"):
+                if k in w:
+                    w[k] = _escape_all(w[k])
+            cur = w.get("current_job")
+            if isinstance(cur, dict) and "call_string" in cur:  # its description is escaped by the page
+                cur["call_string"] = _escape_all(cur["call_string"])
+    resp.set_data(json.dumps(doc))
+    return resp
+
+
 def _headers(resp: Response) -> Response:
+    resp = _escape_rq_json(resp)
     tok = csrf_token()
     if getattr(g, "csrf_set", False):
         # Readable by scripts on purpose: rq-dashboard's JavaScript sends it back as X-CSRFToken.

@@ -293,8 +293,9 @@ def log_lines(item: JobItem, job: Job, doc: dict[str, Any]) -> list[str]:
     lines = [f"{_clock(ts)}  {text}" if ts else f"{'':8}  {text}" for ts, text in sorted(ev, key=lambda e: e[0])]
     exc = None
     try:
-        exc = job.exc_info
-    except Exception:  # noqa: BLE001 - rq's result records may be gone
+        res = job.latest_result()
+        exc = res.exc_string if res is not None else None
+    except Exception:  # noqa: BLE001 - rq's result records may have expired
         exc = None
     if exc:
         lines.append("--- traceback (last lines) ---")
