@@ -328,8 +328,9 @@ def test_retry_failed_job_from_the_grid(world, browser):
 def test_running_job_is_live_and_cancel_stops_it(world, browser):
     from h3render.queue.enqueue import enqueue_sweep
 
-    res = enqueue_sweep(world.r, {**SMALL, "prompt": "a long render", "steps": 1000}, {"seed": [7, 8]},
-                        world.settings)
+    # 160x160x33 (900 tokens, ~11x the small jobs) so 1000 steps outlast the clicks below
+    long = {**SMALL, "prompt": "a long render", "steps": 1000, "width": 160, "height": 160, "frames": 33}
+    res = enqueue_sweep(world.r, long, {"seed": [7, 8]}, world.settings)
     worker = world.start_worker("--burst")
     try:
         jid = res.job_ids[0]
@@ -345,10 +346,12 @@ def test_running_job_is_live_and_cancel_stops_it(world, browser):
         assert browser.js("return window.__same_page === true")  # updated in place, no reload
         browser.screenshot(SHOTS / "sweep-running.png")
         browser.open(f"{world.base}/jobs/{jid}")
+        assert browser.one(".summary .live-text").text.startswith("step ")
         browser.one(".actions button.cancel").click()
         browser.wait(lambda d: d.find_elements("css selector", ".flash.ok"), 20, "the cancel confirmation")
         wait_for(lambda: fetch(world.r, jid).get_status() == JobStatus.CANCELED, 60, "the job to stop")
-        assert fetch(world.r, jid).meta["h3r"]["state"] == "canceled"
+        m = fetch(world.r, jid).meta["h3r"]
+        assert m["state"] == "canceled" and m["step"] < 1000  # stopped, did not run out
         assert browser.console_errors() == []
         from h3render.queue import control
 
