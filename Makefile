@@ -35,6 +35,19 @@ lib:
 	cmake --build build -j2
 	cp build/libh3render.so h3render/engine/
 
+# Speed report: ratios against ggml (ggml-python in a bench-only venv) and diffusers'
+# fp32 torch (the .venv-ref of `make fixtures`), written to docs/PERFORMANCE.md.
+BENCH_VENV ?= .venv-bench
+REF_PY ?= .venv-ref/bin/python
+BENCH_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
+$(BENCH_VENV)/bin/python:
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q numpy "ggml-python==0.0.45"
+
+bench: install $(BENCH_VENV)/bin/python
+	@test -x $(REF_PY) || { echo "bench needs torch + diffusers at REF_PY=$(REF_PY): run 'make fixtures' or pass REF_PY=..."; exit 2; }
+	$(PY) bench/bench_speed.py --ref-python $(REF_PY) --bench-python $(BENCH_VENV)/bin/python --threads $(BENCH_THREADS) --out docs/PERFORMANCE.md
+
 # Regenerate the reference fixtures from diffusers and transformers (needs torch).
 fixtures:
 	$(PYTHON) -m venv .venv-ref

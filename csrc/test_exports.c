@@ -211,3 +211,33 @@ int h3r_test_vec_dot(int type, int ref, int64_t K, const void *w, const float *x
 }
 
 const char *h3r_test_simd_name(void) { return quant_simd_name(); }
+
+typedef struct {
+    const uint8_t *p;
+    uint64_t n;
+    uint64_t part[256];   /* per-thread xor, combined in ith order */
+} read_ctx;
+
+static void read_worker(void *arg, int ith, int nth) {
+    read_ctx *c = arg;
+    uint64_t words = c->n / 8, a = words * (uint64_t)ith / (uint64_t)nth, b = words * (uint64_t)(ith + 1) / (uint64_t)nth;
+    const uint64_t *w = (const uint64_t *)c->p;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, i = a;
+    for (; i + 4 <= b; i += 4) { s0 ^= w[i]; s1 ^= w[i + 1]; s2 ^= w[i + 2]; s3 ^= w[i + 3]; }
+    for (; i < b; i++) s0 ^= w[i];
+    c->part[ith] = s0 ^ s1 ^ s2 ^ s3;
+}
+
+int h3r_test_read_bytes(int threads, const void *p, uint64_t n, uint64_t *sum) {
+    if (threads < 1 || threads > 256)
+        return h3r_seterr(H3R_ERR_INVALID, "h3r_test_read_bytes: threads = %d (allowed 1..256)", threads);
+    h3r_pool *pool = h3r_pool_create(threads);
+    if (!pool) return H3R_ERR_NOMEM;
+    read_ctx c = {p, n, {0}};
+    h3r_pool_run(pool, read_worker, &c);
+    uint64_t s = 0;
+    for (int i = 0; i < threads; i++) s ^= c.part[i];
+    *sum = s;
+    h3r_pool_free(pool);
+    return 0;
+}

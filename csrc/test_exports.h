@@ -74,6 +74,10 @@ H3R_API int h3r_test_quantize(int type, const float *x, void *dst, int64_t n);
 /* One weight row w (K elements of `type`) . nr activation rows x (nr, K) f32,
  * quantized to activation blocks first -> out (nr,). ref != 0: scalar reference. */
 H3R_API int h3r_test_vec_dot(int type, int ref, int64_t K, const void *w, const float *x, int nr, float *out);
+/* Bench: read n bytes at p with `threads` threads (contiguous chunks, 64-bit
+ * loads), the plain-read baseline a GEMV's weight streaming is compared with.
+ * *sum receives the xor of all words, so the reads cannot be optimized away. */
+H3R_API int h3r_test_read_bytes(int threads, const void *p, uint64_t n, uint64_t *sum);
 /* "avx2", "neon-dotprod", "neon" or "scalar". */
 H3R_API const char *h3r_test_simd_name(void);
 
