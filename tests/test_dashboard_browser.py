@@ -107,8 +107,16 @@ def world(redis_server, tmp_path_factory):
     r.flushdb()
     home = tmp_path_factory.mktemp("dash-home")
     settings = Settings(redis_url=redis_server.url, home=home, retry_max=0)
+    import h3render
+    from h3render.engine.binding import library_path
+
     env = dict(os.environ)
-    env.update(PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), H3RENDER_HOME=str(home),
+    # The subprocesses import the same h3render as this process (installed, or the source tree)
+    # and load the same engine library.
+    pkg_root = Path(h3render.__file__).resolve().parents[1]
+    if library_path().is_file():
+        env["H3RENDER_LIB"] = str(library_path())
+    env.update(PYTHONPATH=str(pkg_root) + os.pathsep + env.get("PYTHONPATH", ""), H3RENDER_HOME=str(home),
                H3RENDER_REDIS_URL=redis_server.url, H3RENDER_RETRY_MAX="0", H3RENDER_GATE_POLL_S="1",
                H3RENDER_ENABLE_TEST_TRIGGERS="1")
     # A real sweep through the queue API; one job gets the engine's test trigger (a crash at
