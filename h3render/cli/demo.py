@@ -1,35 +1,87 @@
-"""`h3render demo`: render a short clip with the built-in tiny model.
+"""`h3render demo`: the overnight story in miniature.
 
-Uses exactly the code path of `h3render run` (h3render.cli.run.execute) and
-writes into $H3RENDER_HOME/renders/demo/: video.mp4 and poster.png.
+It starts (or reuses) the embedded Redis, queues a sweep of 8 jobs over two axes
+with the built-in model, drains the queue with a burst worker while a progress
+bar runs, then prints the results table and the folder the videos are in.
+Everything goes through the same package API as `sweep`, `worker` and `status`.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import click
 
-DEMO_PROMPT = "a red circle moving left over a blue background"
-DEMO_SEED = 42
+DEMO_PROMPTS = ("a red circle moving left", "a blue square moving up")
+DEMO_SEEDS = (1, 2, 3, 4)
+# A worker started by the demo exits 2 when another worker of this host holds
+# the lock; then that worker renders the sweep and the demo only waits.
+WORKER_LOCKED = 2
 
 
 @click.command()
-@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
-@click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=DEMO_SEED, show_default=True)
-@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True)
-def demo(prompt: str, seed: int, threads: int) -> None:
-    """Render a short clip with the tiny built-in model and say where it is."""
-    from h3render import paths
-    from h3render.cli.run import RunParams, execute
-    from h3render.engine.models import DEFAULT_MODEL
+def demo() -> None:
+    """Queue an 8-job sweep with the built-in model, render it, show the results."""
+    from rich.console import Console
 
-    out_dir = paths.renders_dir(ensure=True) / "demo"
-    params = RunParams(
-        model=DEFAULT_MODEL, prompt=prompt, seed=seed, threads=threads,
-        output=out_dir / "video.mp4", poster=out_dir / "poster.png",
-    )  # fmt: skip
-    code = execute(params)
-    if code == 0:
-        click.echo(f"demo video: {params.output}")
+    from h3render.cli.jobs import render_status, wait_for
+    from h3render.engine.models import DEFAULT_MODEL
+    from h3render.queue import status as st
+    from h3render.queue.connection import get_redis
+    from h3render.queue.enqueue import enqueue_sweep
+    from h3render.queue.errors import QueueError
+    from h3render.settings import Settings
+
+    console = Console()
+    settings = Settings()
+    try:
+        r = get_redis(settings)
+    except QueueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        sys.exit(1)
+    where = settings.redis_url or "the embedded redis-server (h3render redis status)"
+    console.print(f"Redis: {where}")
+
+    fixed = {"model": DEFAULT_MODEL}
+    axes = {"prompt": list(DEMO_PROMPTS), "seed": list(DEMO_SEEDS)}
+    try:
+        result = enqueue_sweep(r, fixed, axes, settings)
+    except QueueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
+    console.print(
+        f"sweep {result.sweep_id}: {len(result.job_ids)} jobs over "
+        f"{len(DEMO_PROMPTS)} prompts x {len(DEMO_SEEDS)} seeds, estimated {result.seconds:.0f} s"
+    )
+
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "from h3render.cli import main; main()", "worker", "--burst",
+         "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        # A burst worker leaves once nothing is runnable; jobs it failed wait for
+        # their retry (rq's scheduler), which the next `h3render worker` takes up.
+        code = wait_for(r, result.job_ids, give_up=lambda: worker.poll() not in (None, WORKER_LOCKED))
+    finally:
+        if worker.poll() is None:
+            worker.wait(timeout=120)
+    if worker.returncode not in (0, WORKER_LOCKED):
+        console.print(f"[red]the burst worker exited with code {worker.returncode}[/]")
+        code = code or 1
+
+    sweep = st.sweep_status(r, result.sweep_id)
+    data = {"sweep_id": result.sweep_id, "record": sweep["record"], "summary": sweep["summary"],
+            "workers": st.worker_health(r), "_rows": sweep["rows"]}
+    console.print(render_status(data, "sweep"))
+    from pathlib import Path
+
+    videos = sorted(Path(row.output_dir) / "video.mp4" for row in sweep["rows"]
+                    if row.output_dir and (Path(row.output_dir) / "video.mp4").is_file())
+    if videos:
+        console.print(f"{len(videos)} videos in {videos[0].parent.parent}")
+    if code:
+        console.print(f"[yellow]{len(result.job_ids) - len(videos)} jobs did not finish; "
+                      f"`h3render status {result.sweep_id}` says why, `h3render worker` runs what is left[/]")
     sys.exit(code)

@@ -7,6 +7,8 @@ instead of a bare "not a valid integer".
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import functools
 import json
 import sys
@@ -179,8 +181,10 @@ def enqueue(prompt: str, options: tuple[str, ...], wait: bool, as_json: bool, **
         sys.exit(wait_for(r, [job_id], quiet=as_json))
 
 
-def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5) -> int:
-    """Progress bar until every job ends; 0 if all finished, 1 otherwise."""
+def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5,
+             give_up: Callable[[], bool] | None = None) -> int:
+    """Progress bar until every job ends (or give_up() says no one will run them);
+    0 if all finished, 1 otherwise."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from h3render.queue.job import JobPhase
@@ -201,7 +205,7 @@ def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5) ->
             else:
                 frac = sum((row.progress or 0) if not JobPhase(row.state).terminal else 1 for row in rows) / max(n, 1)
                 progress.update(task, description=f"{len(done)}/{n} done", completed=int(1000 * frac), info="")
-            if len(done) == len(rows):
+            if len(done) == len(rows) or (give_up is not None and give_up()):
                 break
             time.sleep(poll_s)
     for row in rows:
