@@ -27,6 +27,10 @@ COMMANDS: dict[str, str] = {
     "worker": "h3render.cli.worker:worker",
     "health": "h3render.cli.worker:health",
     "redis": "h3render.cli.redis:redis_group",
+    "tune": "h3render.cli.tune:tune",
+    "dashboard": "h3render.cli.dashboard:dashboard",
+    "comfyui": "h3render.cli.comfyui:comfyui",
+    "eval-demo": "h3render.cli.eval_demo:eval_demo",
 }
 
 

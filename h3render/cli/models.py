@@ -43,3 +43,12 @@ def models(ctx: click.Context, as_json: bool) -> None:
             _size(e.size_bytes) if e.installed else "-", str(e.path),
         )  # fmt: skip
     console.print(table)
+
+
+def _register_subcommands() -> None:
+    from h3render.cli.models_inspect import inspect
+
+    models.add_command(inspect)
+
+
+_register_subcommands()
