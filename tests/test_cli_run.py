@@ -177,18 +177,3 @@ def test_engine_failure_exits_1(model, tmp_path):
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
     assert "render failed" in proc.stderr and "transformer-f32.gguf" in proc.stderr, proc.stderr
     assert not (tmp_path / "o.mp4").exists()
-
-
-def test_demo_renders_into_home(tmp_path):
-    """`h3render demo` converts the built-in model on first use and renders through `run`."""
-    home = tmp_path / "home"
-    proc = h3render("demo", "--threads", 2, home=home)
-    assert proc.returncode == 0, proc.stderr
-    video = home / "renders" / "demo" / "video.mp4"
-    assert f"demo video: {video}" in proc.stdout
-    assert (home / "renders" / "demo" / "poster.png").is_file()
-    assert (home / "models" / "tiny-wan" / "transformer-f16.gguf").is_file()
-    with Engine(home / "models" / "tiny-wan", 1) as engine:
-        d = engine.info()["defaults"]
-    got = probe(video)
-    assert (got.frames, got.width, got.height) == (d["frames"], d["width"], d["height"])

@@ -1,0 +1,59 @@
+"""`h3render demo` (what `make demo` runs): embedded Redis, an 8-job sweep, a burst worker, results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from h3render.engine.binding import Engine
+from h3render.engine.video import probe
+from redis_fixture import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "import sys; from h3render.cli import main; sys.argv[0] = 'h3render'; main()"]
+
+
+def run(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_demo_runs_the_overnight_story(tmp_path):
+    """About 15 s: starts its own embedded redis-server (on a free port) and stops it after."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k != "H3RENDER_REDIS_URL"}
+    env.update(H3RENDER_HOME=str(home), H3RENDER_REDIS_PORT=str(free_port()), PYTHONPATH=str(ROOT),
+               COLUMNS="200")
+    try:
+        proc = run("demo", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "8 jobs over 2 prompts x 4 seeds" in proc.stdout
+        assert "8/8 done (8 finished)" in proc.stdout
+
+        # The embedded server runs with AOF under $H3RENDER_HOME/redis and outlives the demo.
+        status = run("redis", "status", env=env)
+        assert status.returncode == 0, status.stderr
+        assert (home / "redis" / "redis.conf").read_text().count("appendonly yes") == 1
+
+        sweep_id = next(w for w in proc.stdout.split() if w.startswith("s-")).rstrip(":")
+        st = run("status", sweep_id, "--json", env=env)
+        data = json.loads(st.stdout)
+        assert [j["state"] for j in data["jobs"]] == ["finished"] * 8
+
+        with Engine(home / "models" / "tiny-wan", 1) as engine:
+            d = engine.info()["defaults"]
+        jobs = sorted((home / "renders" / sweep_id).iterdir())
+        assert len(jobs) == 8
+        for job in jobs:
+            assert {p.name for p in job.iterdir()} >= {"video.mp4", "poster.png", "meta.json"}
+            got = probe(job / "video.mp4")
+            assert (got.frames, got.width, got.height) == (d["frames"], d["width"], d["height"])
+        metas = [json.loads((job / "meta.json").read_text()) for job in jobs]
+        assert {m["sweep_id"] for m in metas} == {sweep_id}
+        assert sorted((m["parameters"]["prompt"], m["parameters"]["seed"]) for m in metas) == sorted(
+            (p, s) for p in ("a blue square moving up", "a red circle moving left") for s in (1, 2, 3, 4))
+        assert all(m["timings_s"]["denoise"] > 0 and m["peak_rss"] > 0 for m in metas)
+    finally:
+        run("redis", "stop", env=env, timeout=60)
