@@ -96,7 +96,7 @@ payloads = st.dictionaries(field_names, json_values, max_size=8) | st.fixed_dict
     {"prompt": st.text(max_size=20)},
     optional={f: json_values | st.integers(-5, 5000) | st.floats(-10, 200) for f in FIELDS if f != "prompt"},
 )
-NUMERIC = ("seed", "width", "height", "frames", "steps", "guidance", "shift", "fps")
+NUMERIC = ("seed", "width", "height", "frames", "steps", "guidance", "shift", "fps", "preview_every")
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,7 +122,8 @@ def test_fuzz_every_invalid_payload_is_explained(payload):
     try:
         resolve(job, INFO)
     except JobValidationError as e:
-        assert all(p.field in ("width", "height", "frames", "quant", "width*height") for p in e.problems), e
+        assert all(p.field in ("width", "height", "frames", "quant", "width*height", "preview_every")
+                   for p in e.problems), e
         assert all(p.nearest is not None for p in e.problems), e
 
 

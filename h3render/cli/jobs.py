@@ -20,7 +20,7 @@ import click
 
 from h3render.queue.errors import JobValidationError, NotFoundError, Problem, QueueError, QueueInputError
 
-INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps")
+INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps", "preview_every")
 FLOAT_FIELDS = ("guidance", "shift")
 TEXT_FIELDS = ("prompt", "negative_prompt", "sampler", "quant", "model", "priority")
 
@@ -140,6 +140,8 @@ _job_options = [
     click.option("--quant", default=None, help="quant level of the DiT (f16, q8_0, ...)"),
     click.option("--model", default=None, help="model name (default tiny-wan)"),
     click.option("--fps", default=None),
+    click.option("--preview-every", "preview_every", default=None,
+                 help="a preview frame every n denoising steps into the job's meta (0: none, the default)"),
 ]
 
 
@@ -173,10 +175,12 @@ def enqueue(prompt: str, options: tuple[str, ...], wait: bool, as_json: bool, **
     res = do_enqueue(r, payload, settings)
     job_id = res.job_ids[0]
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "estimate_s": round(res.seconds, 1)}))
+        click.echo(json.dumps({"job_id": job_id, "estimate_s": round(res.seconds, 1), "warnings": res.warnings}))
     else:
         click.echo(job_id)
         click.echo(f"estimated run time {fmt_s(res.seconds)} ({res.time_source})", err=True)
+        for w in res.warnings:
+            click.echo(f"warning: {w}", err=True)
     if wait:
         sys.exit(wait_for(r, [job_id], quiet=as_json))
 
@@ -232,16 +236,18 @@ def sweep_options(fn):
 @click.option("--file", "toml_file", type=click.Path(dir_okay=False), default=None, help="TOML file with the axes")
 @sweep_options
 @click.option("--preview", is_flag=True, help="render every combination small and short first")
+@click.option("--preview-every", "preview_every", default=None,
+              help="a preview frame every n denoising steps into each job's meta (0: none)")
 @click.option("--priority", default=None)
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE")
 @click.option("--dry-run", is_flag=True, help="validate and estimate; enqueue nothing")
 @click.option("--wait", is_flag=True, help="progress bar until every job ends")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
-def sweep(toml_file, preview, priority, options, dry_run, wait, as_json, **axes_flags) -> None:
+def sweep(toml_file, preview, preview_every, priority, options, dry_run, wait, as_json, **axes_flags) -> None:
     """Queue a grid of renders: --seed 1-8 --steps 20,30 --quant q8_0,q4_0 --prompt A --prompt B."""
     from h3render.queue import sweep as sw
-    from h3render.queue.enqueue import enqueue_sweep_planned, plan
+    from h3render.queue.enqueue import distinct_warnings, enqueue_sweep_planned, plan
 
     fixed: dict[str, Any] = {}
     axes: dict[str, list[Any]] = {}
@@ -261,6 +267,8 @@ def sweep(toml_file, preview, priority, options, dry_run, wait, as_json, **axes_
     axes.update(flag_axes)
     if priority is not None:
         fixed["priority"] = priority
+    if preview_every is not None:
+        fixed["preview_every"] = lenient("preview_every", preview_every)
     if options:
         fixed["engine_options"] = parse_options(options)
     if "prompt" not in fixed and "prompt" not in axes:
@@ -271,7 +279,11 @@ def sweep(toml_file, preview, priority, options, dry_run, wait, as_json, **axes_
     total = sum(p.seconds for p in planned)
     summary = {"jobs": len(planned), "preview_jobs": sum(1 for p in planned if p.preview_of),
                "axes": {k: len(v) for k, v in axes.items()}, "estimate_s": round(total, 1),
-               "estimate_source": ", ".join(sorted({p.time_source for p in planned}))}
+               "estimate_source": ", ".join(sorted({p.time_source for p in planned})),
+               "warnings": distinct_warnings(planned)}
+    if not as_json:
+        for w in summary["warnings"]:
+            click.echo(f"warning: {w}", err=True)
     if dry_run:
         click.echo(json.dumps(summary) if as_json else
                    f"dry run: {summary['jobs']} jobs, estimated {fmt_s(total)} ({summary['estimate_source']})")

@@ -27,7 +27,7 @@ from h3render.queue.engine_info import engine_info
 from h3render.queue.errors import JobValidationError, Problem
 from h3render.queue.job import RENDER_FUNC, JobPhase, RenderJob, new_job_id, new_sweep_id
 from h3render.queue.sweep import expand, preview_version
-from h3render.queue.validation import resolve
+from h3render.queue.validation import resolve_with_warnings
 from h3render.settings import Settings
 
 SWEEP_KEY = "h3render:sweep:{id}"
@@ -49,6 +49,7 @@ class Planned:
     seconds: float
     time_source: str = "default"  # TimeModel.source of the estimate
     preview_of: str | None = None
+    warnings: list[str] = field(default_factory=list)  # from the engine's validation (h3.c: frames rounded up)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class EnqueueResult:
     time_source: str  # "default" or "measured from N jobs"
     sweep_id: str | None = None
     preview_ids: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # distinct warnings of all jobs, in order
 
     def to_dict(self) -> dict:
         return {
@@ -67,7 +69,17 @@ class EnqueueResult:
             "preview_jobs": len(self.preview_ids),
             "estimate_s": round(self.seconds, 1),
             "estimate_source": self.time_source,
+            "warnings": self.warnings,
         }
+
+
+def distinct_warnings(planned: Sequence[Planned]) -> list[str]:
+    """Every warning of the planned jobs once, in order (a sweep repeats them per job)."""
+    seen: dict[str, None] = {}
+    for p in planned:
+        for w in p.warnings:
+            seen.setdefault(w, None)
+    return list(seen)
 
 
 def plan(
@@ -90,7 +102,7 @@ def plan(
         try:
             job = RenderJob.parse(dict(payload))
             info = engine_info(r, job.model, infos)
-            job = resolve(job, info, rng)
+            job, warnings = resolve_with_warnings(job, info, rng)
         except JobValidationError as e:
             problems.extend(p for p in e.problems if p not in problems)
             continue
@@ -99,7 +111,7 @@ def plan(
             samples = est.measured_samples(r, settings.queue_name, *key)
             models[key] = est.fit(samples, info, est.default_model(settings))
         tm = models[key]
-        full.append(Planned(new_job_id(), job, est.job_seconds(job, info, tm), tm.source))
+        full.append(Planned(new_job_id(), job, est.job_seconds(job, info, tm), tm.source, warnings=warnings))
     if problems:
         raise JobValidationError(problems)
     if not preview:
@@ -107,9 +119,15 @@ def plan(
     small = []
     for p in full:
         info = infos[p.job.model]
-        pj = preview_version(p.job, info)
+        try:  # the small version passes the engine's rules too (a resolved job is a fixed point)
+            pj, warnings = resolve_with_warnings(preview_version(p.job, info), info)
+        except JobValidationError as e:
+            problems.extend(q for q in e.problems if q not in problems)
+            continue
         tm = models[(pj.model, str(pj.quant))]
-        small.append(Planned(new_job_id(), pj, est.job_seconds(pj, info, tm), tm.source, p.job_id))
+        small.append(Planned(new_job_id(), pj, est.job_seconds(pj, info, tm), tm.source, p.job_id, warnings))
+    if problems:
+        raise JobValidationError(problems)
     return small + full
 
 
@@ -136,6 +154,7 @@ def enqueue_planned(
             "preview_of": p.preview_of,
             "enqueued_by": host,
             "enqueued_at": now,
+            "warnings": list(p.warnings),
         }
         datas.append(Queue.prepare_data(
             RENDER_FUNC,
@@ -167,6 +186,7 @@ def enqueue_planned(
         time_source=", ".join(sorted({p.time_source for p in planned})) or "default",
         sweep_id=sweep_id,
         preview_ids=[p.job_id for p in planned if p.preview_of],
+        warnings=distinct_warnings(planned),
     )
 
 

@@ -41,7 +41,15 @@ class Sample:
 
 
 def dit_tokens(job: RenderJob, info: Mapping[str, Any]) -> int:
-    """DiT sequence length of a resolved job (see module docstring)."""
+    """DiT sequence length of a resolved job (see module docstring; h3.c counts its own way:
+    h3render.engine.h3.estimate.video_tokens at the internal canvas)."""
+    if info.get("engine") == "h3.c":
+        from h3render.engine.h3.estimate import video_tokens
+
+        opts = job.engine_options
+        w = int(opts.get("render_width") or 0) or int(job.width)
+        h = int(opts.get("render_height") or 0) or int(job.height)
+        return max(1, video_tokens(w, h, int(job.frames)))
     vt, vh, vw = (list(info.get("vae_stride") or [4, 8, 8]) + [8, 8])[:3]
     pt, ph, pw = (list(info.get("patch_size") or [1, 2, 2]) + [2, 2])[:3]
     t = (int(job.frames) - 1) // int(vt) + 1

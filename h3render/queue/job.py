@@ -29,6 +29,8 @@ SEED_MAX = 2**63 - 1
 MAX_PROMPT_CHARS = 4000
 SAMPLERS = ("unipc", "euler")
 PRIORITIES = ("normal", "high")
+# Quant level names: f16, q8_0, int8-row (h3.c). Lower-case letters, digits, '_' and '-'.
+QUANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,15}$"
 
 
 class JobPhase(str, Enum):
@@ -92,11 +94,14 @@ class RenderJob(BaseModel):
     guidance: float | None = Field(None, ge=0, le=50, allow_inf_nan=False)
     shift: float | None = Field(None, gt=0, le=100, allow_inf_nan=False)
     sampler: Literal["unipc", "euler"] | None = None
-    quant: str | None = Field(None, pattern=r"^[a-z0-9_]{1,16}$")
+    quant: str | None = Field(None, pattern=QUANT_PATTERN)
     model: str = Field(DEFAULT_MODEL, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     fps: StrictInt | None = Field(None, ge=1, le=240)
     priority: Literal["normal", "high"] = "normal"
     engine_options: dict[OptionKey, OptionValue] = Field(default_factory=dict, max_length=32)
+    # A preview frame every n denoising steps (0: none); the latest lands in
+    # job.meta["h3r"]["preview_png"]. At most `steps` (checked by resolve).
+    preview_every: StrictInt = Field(0, ge=0, le=1000)
 
     @field_validator("prompt")
     @classmethod

@@ -171,4 +171,8 @@ def preview_version(job: RenderJob, info: Mapping[str, Any]) -> RenderJob:
     rule = limits.frame_rule
     short = rule.offset + rule.multiple if rule.offset + rule.multiple > rule.minimum else rule.minimum + rule.multiple
     frames = min(int(job.frames), short)
-    return job.model_copy(update={"width": side(job.width), "height": side(job.height), "frames": frames})
+    update: dict[str, Any] = {"width": side(job.width), "height": side(job.height), "frames": frames}
+    if info.get("engine") == "h3.c":  # an internal canvas may not exceed the smaller output: drop it
+        update["engine_options"] = {k: v for k, v in job.engine_options.items()
+                                    if k not in ("render_width", "render_height")}
+    return job.model_copy(update=update)

@@ -96,7 +96,7 @@ def _fix_name(value: Any) -> str:
 
 
 def _fix_quant(value: Any) -> str:
-    text = re.sub(r"[^a-z0-9_]", "_", str(value).lower())[:16]
+    text = re.sub(r"[^a-z0-9_-]", "_", str(value).lower()).lstrip("_-")[:16]
     return text or "f16"
 
 
@@ -118,11 +118,14 @@ SPECS: dict[str, Spec] = {
     "guidance": Spec("must be a finite number in [0, 50]", 0, 50, default=5.0),
     "shift": Spec("must be a finite number in (0, 100]", 0.01, 100, default=3.0),
     "sampler": Spec("must be one of " + ", ".join(SAMPLERS), choices=SAMPLERS),
-    "quant": Spec("must be a quant level name: 1-16 lower-case letters, digits or '_' (f16, q8_0, ...)", fix=_fix_quant),
+    "quant": Spec("must be a quant level name: 1-16 lower-case letters, digits, '_' or '-', starting with a "
+                  "letter or digit (f16, q8_0, int8-row, ...)", fix=_fix_quant),
     "model": Spec("must be a model name (not a path): 1-64 letters, digits, '.', '_' or '-', no '..'", fix=_fix_name),
     "fps": Spec("must be an integer in [1, 240]", 1, 240, True, default=16),
     "priority": Spec("must be one of " + ", ".join(PRIORITIES), choices=PRIORITIES),
     "engine_options": Spec("must be an object of at most 32 options {name: text|number|bool}", fix=lambda v: {}),
+    "preview_every": Spec("must be an integer in [0, 1000]: a preview every n denoising steps, 0 for none",
+                          0, 1000, True, default=0),
 }
 FIELDS = tuple(RenderJob.model_fields)
 OPTION_KEY_RULE = "must be an option name: a lower-case letter, then up to 63 lower-case letters, digits or '_'"
@@ -199,14 +202,37 @@ def _nearest_quant(value: str, levels: list[str]) -> str:
     return close[0] if close else levels[0]
 
 
+H3_ENGINE = "h3.c"  # Engine.info()["engine"] of the bridge to antirez's h3.c (csrc/h3bridge)
+
+
+def is_h3(info: Mapping[str, Any]) -> bool:
+    """True when `info` describes the h3.c bridge (its options and limits apply)."""
+    return info.get("engine") == H3_ENGINE
+
+
 def resolve(job: RenderJob, info: Mapping[str, Any], rng: random.Random | None = None) -> RenderJob:
-    """The job made concrete for the engine described by `info` (an Engine.info() dict).
+    """The job made concrete for the engine described by `info`; see resolve_with_warnings."""
+    return resolve_with_warnings(job, info, rng)[0]
+
+
+def resolve_with_warnings(
+    job: RenderJob, info: Mapping[str, Any], rng: random.Random | None = None
+) -> tuple[RenderJob, list[str]]:
+    """The job made concrete for the engine described by `info` (an Engine.info() dict),
+    and the warnings to record with it.
 
     Fills every None field from info["defaults"] (else FALLBACK_DEFAULTS), draws a
-    random seed if asked, and checks width/height/frames (h3render.engine.limits) and
-    the quant level against the model. Raises JobValidationError listing every problem.
+    random seed if asked, and checks the fields against the engine:
+      - h3.c (info["engine"] == "h3.c"): h3render.engine.h3.options first. Its
+        normalized values replace the job's (frames rounded up to 17n+5, quant
+        aliases, typed engine_options) and its warnings are returned;
+      - then, for every engine, width/height/frames (h3render.engine.limits), the
+        quant level against the model's, the sampler against info["samplers"] and
+        preview_every against steps.
+    Raises JobValidationError listing every problem.
     """
-    defaults = {**FALLBACK_DEFAULTS, **(info.get("defaults") or {})}
+    engine_fps = {"fps": int(info["fps"])} if isinstance(info.get("fps"), int) and info["fps"] > 0 else {}
+    defaults = {**FALLBACK_DEFAULTS, **engine_fps, **(info.get("defaults") or {})}
     levels = [str(q) for q in info.get("quant_levels") or []]
     values = job.model_dump()
     for name, value in values.items():
@@ -220,9 +246,45 @@ def resolve(job: RenderJob, info: Mapping[str, Any], rng: random.Random | None =
         values["seed"] = (rng or random.SystemRandom()).randrange(0, 2**32)
 
     problems: list[Problem] = []
+    warnings: list[str] = []
+    engine_checked = False
+    if is_h3(info):
+        from h3render.engine.h3.options import H3OptionsError, validate_h3_options
+
+        try:
+            request, warnings = validate_h3_options(values["engine_options"], values["width"], values["height"],
+                                                    values["frames"], quant=values["quant"], steps=values["steps"])
+        except H3OptionsError as e:
+            problems.extend(_limit_problem(p) for p in e.problems)
+            engine_checked = True  # size, frames and quant are reported; the generic rules would repeat them
+        else:
+            values.update(request.job_updates())
+    if not engine_checked:
+        problems += _generic_limit_problems(values, levels, info, job.model)
+    samplers = [str(s) for s in info.get("samplers") or []]
+    if samplers and values["sampler"] not in samplers:
+        problems.append(Problem("sampler", values["sampler"],
+                                f"must be one of the samplers of model {job.model!r}'s engine: {', '.join(samplers)}",
+                                samplers[0]))
+    steps = values["steps"]
+    if isinstance(steps, int) and values["preview_every"] > steps:
+        problems.append(Problem("preview_every", values["preview_every"],
+                                f"must be at most steps={steps} (a preview every n denoising steps; 0: none)", steps))
+    if problems:
+        raise JobValidationError(problems)
+    try:
+        return RenderJob.model_validate(values), warnings
+    except ValidationError as e:  # a default from the engine broke a static rule
+        raise JobValidationError(problems_from_pydantic(e, values)) from None
+
+
+def _generic_limit_problems(values: dict[str, Any], levels: list[str], info: Mapping[str, Any],
+                            model: str) -> list[Problem]:
+    """Quant level, width, height, frames and width*height against any engine's info."""
+    problems: list[Problem] = []
     if levels and values["quant"] not in levels:
         problems.append(Problem("quant", values["quant"],
-                                f"must be one of the quant levels of model {job.model!r}: {', '.join(levels)}",
+                                f"must be one of the quant levels of model {model!r}: {', '.join(levels)}",
                                 _nearest_quant(values["quant"], levels)))
     limits = EngineLimits.from_info(info)
     checks = [
@@ -240,12 +302,7 @@ def resolve(job: RenderJob, info: Mapping[str, Any], rng: random.Random | None =
             check_pixels(values["width"], values["height"], limits.max_pixels, limits.size_multiple)
         except LimitError as e:
             problems.append(_limit_problem(e))
-    if problems:
-        raise JobValidationError(problems)
-    try:
-        return RenderJob.model_validate(values)
-    except ValidationError as e:  # a default from the engine broke a static rule
-        raise JobValidationError(problems_from_pydantic(e, values)) from None
+    return problems
 
 
 def _limit_problem(e: LimitError) -> Problem:
