@@ -172,3 +172,33 @@ def test_convert_command(tmp_path):
                              env=env, timeout=120)  # fmt: skip
     assert bad_src.returncode == 2
     assert "none of transformer, text_encoder, vae found" in " ".join(bad_src.stderr.split()), bad_src.stderr
+
+
+def test_h3_snapshot_is_a_model_dir_of_kind_h3(home, tmp_path):
+    """An H3 snapshot (FL2VA/) placed or symlinked in the models dir resolves by name and lists as kind h3."""
+    from test_h3_inspect import make_snapshot
+
+    snap = tmp_path / "downloads" / "MiniMax-H3"
+    make_snapshot(snap)
+    assert models.is_model_dir(snap) and models.model_kind(snap) == "h3"
+    assert models.resolve_model_arg(str(snap)) == snap  # the CLI takes the folder itself
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "MiniMax-H3").symlink_to(snap, target_is_directory=True)
+    assert models.resolve_model("MiniMax-H3") == home / "models" / "MiniMax-H3"
+    entry = {m.name: m for m in models.list_models()}["MiniMax-H3"]
+    assert entry.kind == "h3" and entry.installed and entry.quants == ["bf16", "int8", "int8-row"]
+    assert entry.has_tokenizer and list(entry.components) == ["FL2VA"]
+    on_disk = sum(f.stat().st_size for f in snap.rglob("*") if f.is_file())
+    assert entry.size_bytes == on_disk > 0
+    # a folder that is neither kind says what a model directory is
+    with pytest.raises(ModelFileError, match="FL2VA"):
+        models.resolve_model_arg(str(tmp_path / "downloads"))
+    env = {**os.environ, "H3RENDER_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    out = subprocess.run([*H3RENDER, "models", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    listed = {m["name"]: m for m in json.loads(out.stdout)}
+    assert listed["MiniMax-H3"]["kind"] == "h3" and listed["tiny-wan"]["kind"] == "gguf"
+    table = subprocess.run([*H3RENDER, "models"], capture_output=True, text=True, env=env, timeout=120)
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "MiniMax-H3" in line)
+    assert " h3 " in row and "int8-row" in row, table.stdout

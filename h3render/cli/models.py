@@ -21,7 +21,10 @@ def _size(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @click.pass_context
 def models(ctx: click.Context, as_json: bool) -> None:
-    """List models in $H3RENDER_HOME/models (built-ins are converted on first use)."""
+    """List models in $H3RENDER_HOME/models (built-ins are converted on first use).
+
+    Kind "gguf": converted for the CPU engine; kind "h3": an H3 snapshot (FL2VA/) for h3.c.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from h3render import paths
@@ -35,11 +38,12 @@ def models(ctx: click.Context, as_json: bool) -> None:
     if not entries:
         console.print(f"no models in {paths.models_dir()}; convert one with `h3render convert SRC DST`")
         return
-    table = Table("name", "status", "quant levels", "tokenizer", "size", "path", title=str(paths.models_dir()))
+    table = Table("name", "kind", "status", "quant levels", "tokenizer", "size", "path",
+                  title=str(paths.models_dir()))
     for e in entries:
         status = "installed" if e.installed else "built-in, converted on first use"
         table.add_row(
-            e.name, status, ", ".join(e.quants) or "-", "yes" if e.has_tokenizer else "no",
+            e.name, e.kind, status, ", ".join(e.quants) or "-", "yes" if e.has_tokenizer else "no",
             _size(e.size_bytes) if e.installed else "-", str(e.path),
         )  # fmt: skip
     console.print(table)

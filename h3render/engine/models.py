@@ -10,6 +10,11 @@ A model lives in $H3RENDER_HOME/models/<name>/:
 
 (the converter, h3render.engine.convert, writes all of these).
 
+A model directory may instead be an H3 snapshot for the h3.c bridge (kind "h3";
+docs/H3C.md): the Hugging Face folder with FL2VA/ (and optionally Ref2VA/),
+placed or symlinked at $H3RENDER_HOME/models/<name>. Its quant levels are h3.c's
+(bf16, int8, int8-row); `h3render models inspect DIR` checks its files.
+
 Jobs name a model; they never pass a path (`resolve_model` accepts only a
 plain name). The CLI may also take a directory (`resolve_model_arg`).
 
@@ -39,6 +44,9 @@ BUILTIN: dict[str, Path] = {DEFAULT_MODEL: DATA_DIR / DEFAULT_MODEL}
 BUILTIN_QUANTS = ("f32", "f16")
 MODEL_FILE = "model.json"
 COMPONENTS = ("transformer", "text_encoder", "vae")
+H3_MARKER = "FL2VA"  # an H3 snapshot's required variant folder
+H3_VARIANTS = ("FL2VA", "Ref2VA")
+H3_QUANTS = ("bf16", "int8", "int8-row")  # the bridge's levels (csrc/h3bridge/h3bridge.c)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _GGUF = re.compile(r"^(?P<component>transformer|text_encoder|vae)-(?P<quant>[a-z0-9_]+)\.gguf$")
@@ -50,6 +58,7 @@ class ModelEntry(BaseModel):
     name: str
     path: Path
     installed: bool
+    kind: str = "gguf"  # "gguf" (the CPU engine's converted files) or "h3" (an H3 snapshot for h3.c)
     builtin: bool = False
     quants: list[str] = []  # quant levels of the transformer files
     components: dict[str, list[str]] = {}  # component -> quant levels present
@@ -71,6 +80,8 @@ def validate_name(name: str) -> str:
 def describe(path: Path, name: str | None = None) -> ModelEntry:
     """What a model directory holds: quant levels per component, tokenizer, size."""
     path = Path(path)
+    if is_h3_dir(path):
+        return _describe_h3(path, name)
     components: dict[str, list[str]] = {}
     size = 0
     for f in sorted(path.iterdir()) if path.is_dir() else []:
@@ -95,6 +106,32 @@ def describe(path: Path, name: str | None = None) -> ModelEntry:
     )
 
 
+def _describe_h3(path: Path, name: str | None) -> ModelEntry:
+    """An H3 snapshot: h3.c's quant levels, variants present (as components), bytes on disk.
+
+    Only directory entries are read (no safetensors header; `models inspect` does that).
+    """
+    size = 0
+    for root, _dirs, files in os.walk(path):  # HF snapshots hold symlinks to blobs: stat follows them
+        for f in files:
+            try:
+                size += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass  # a dangling link; `models inspect` names it
+    variants = [v for v in H3_VARIANTS if (path / v).is_dir()]
+    return ModelEntry(
+        name=name or path.name,
+        path=path,
+        installed=True,
+        kind="h3",
+        quants=list(H3_QUANTS),
+        components={v: list(H3_QUANTS) for v in variants},
+        has_tokenizer=(path / H3_MARKER / "tokenizer" / "tokenizer.json").is_file(),
+        size_bytes=size,
+        source=None,
+    )
+
+
 def _read_meta(path: Path) -> dict:
     try:
         meta = json.loads((path / MODEL_FILE).read_text())
@@ -103,10 +140,29 @@ def _read_meta(path: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def is_model_dir(path: Path) -> bool:
-    """A directory with at least one transformer-<quant>.gguf."""
+def is_h3_dir(path: Path) -> bool:
+    """An H3 snapshot for the h3.c bridge: a directory with an FL2VA/ folder."""
+    return (Path(path) / H3_MARKER).is_dir()
+
+
+def is_gguf_dir(path: Path) -> bool:
+    """A directory with at least one transformer-<quant>.gguf (the CPU engine's layout)."""
     path = Path(path)
     return path.is_dir() and any(_GGUF.match(f.name) and f.name.startswith("transformer-") for f in path.iterdir())
+
+
+def model_kind(path: Path) -> str | None:
+    """"gguf", "h3" or None (not a model directory)."""
+    if is_gguf_dir(path):
+        return "gguf"
+    if is_h3_dir(path):
+        return "h3"
+    return None
+
+
+def is_model_dir(path: Path) -> bool:
+    """A model directory of either kind: transformer-<quant>.gguf files, or an H3 snapshot (FL2VA/)."""
+    return model_kind(path) is not None
 
 
 def list_models(include_builtin: bool = True) -> list[ModelEntry]:
@@ -151,7 +207,8 @@ def resolve_model_arg(arg: str) -> Path:
             raise ModelNotFoundError(f"model directory {path} does not exist")
         raise ModelFileError(
             f"{path} is not a model directory: it has no transformer-<quant>.gguf "
-            "(convert a diffusers pipeline with `h3render convert SRC DST`)"
+            "(convert a diffusers pipeline with `h3render convert SRC DST`) and no FL2VA/ folder "
+            "(an H3 snapshot for h3.c; see docs/H3C.md)"
         )
     return resolve_model(arg)
 
