@@ -106,16 +106,16 @@ static inline float mm_one(const float *xr, const float *wr, int64_t K, const fl
 
 #if defined(__AVX__)
 /*
- * Register tile: y[i][c] for 4 rows of x (stride K) and 2 weight rows, each
- * element summed exactly as dot_ref (8 lanes, fixed tree, ordered tail), so
- * the tile is bit-identical to 8 separate dots; x and w loads are shared.
- *   x (4, K), w0 w1 (K,) -> y rows at stride ldy, columns 0 and 1.
+ * Register tile of raw dots: s[i][c] = x_i . w_c for 4 rows x_i (stride ldx)
+ * and 2 rows w0, w1, each summed exactly as dot_ref (8 lanes, fixed tree,
+ * ordered tail), so the tile is bit-identical to 8 separate dots; x and w
+ * loads are shared.  x (4, K) at stride ldx, w0 w1 (K,) -> s (4, 2).
  */
-static void mm_tile_4x2_avx(const float *x, int64_t K, const float *w0, const float *w1,
-                            const float *b, float *y, int64_t ldy) {
+static inline void dots_4x2_avx(const float *x, int64_t ldx, const float *w0, const float *w1,
+                                int64_t K, float s[4][2]) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
     __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-    const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), u;
@@ -132,14 +132,24 @@ static void mm_tile_4x2_avx(const float *x, int64_t K, const float *w0, const fl
         a30 = _mm256_add_ps(a30, _mm256_mul_ps(u, v0));
         a31 = _mm256_add_ps(a31, _mm256_mul_ps(u, v1));
     }
-    float s[4][2] = {{hsum_avx(a00), hsum_avx(a01)}, {hsum_avx(a10), hsum_avx(a11)},
-                     {hsum_avx(a20), hsum_avx(a21)}, {hsum_avx(a30), hsum_avx(a31)}};
+    s[0][0] = hsum_avx(a00); s[0][1] = hsum_avx(a01);
+    s[1][0] = hsum_avx(a10); s[1][1] = hsum_avx(a11);
+    s[2][0] = hsum_avx(a20); s[2][1] = hsum_avx(a21);
+    s[3][0] = hsum_avx(a30); s[3][1] = hsum_avx(a31);
     const float *xs[4] = {x0, x1, x2, x3};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++)
         for (int64_t t = k; t < K; t++) {
             s[i][0] += xs[i][t] * w0[t];
             s[i][1] += xs[i][t] * w1[t];
         }
+}
+
+/* y[i][c] (stride ldy) = dots_4x2 (+ b[c]) for the matmul. */
+static void mm_tile_4x2_avx(const float *x, int64_t K, const float *w0, const float *w1,
+                            const float *b, float *y, int64_t ldy) {
+    float s[4][2];
+    dots_4x2_avx(x, K, w0, w1, K, s);
+    for (int i = 0; i < 4; i++) {
         y[i * ldy] = b ? s[i][0] + b[0] : s[i][0];
         y[i * ldy + 1] = b ? s[i][1] + b[1] : s[i][1];
     }
@@ -325,10 +335,124 @@ typedef struct {
 } att_ctx;
 
 /*
+ * Scores of one tile: S[i][j] = scale * (q_i . k_j) (+ bias[i][j]) for query
+ * rows q_i (bq of them, stride ld) and key rows k_j (bk, stride ld), each dot
+ * in the dot_ref order; the AVX path computes 4 x 2 blocks of them with
+ * shared loads (bit-identical). brow: bias row of query 0 (stride Nk) or NULL.
+ *   q (bq, Dh), k (bk, Dh) -> S (bq, ATT_BK)
+ */
+static void att_scores(const float *q, const float *k, int64_t ld, int Dh, int bq, int bk,
+                       float scale, const float *brow, int64_t ldb, float *S, int ref) {
+    int i = 0;
+#if defined(__AVX__)
+    if (!ref)
+        for (; i + 4 <= bq; i += 4) {
+            int j = 0;
+            for (; j + 2 <= bk; j += 2) {
+                float s[4][2];
+                dots_4x2_avx(q + i * ld, ld, k + j * ld, k + (j + 1) * ld, Dh, s);
+                for (int r = 0; r < 4; r++) {
+                    S[(i + r) * ATT_BK + j] = scale * s[r][0];
+                    S[(i + r) * ATT_BK + j + 1] = scale * s[r][1];
+                }
+            }
+            for (; j < bk; j++)
+                for (int r = 0; r < 4; r++)
+                    S[(i + r) * ATT_BK + j] = scale * dot(q + (i + r) * ld, k + j * ld, Dh);
+        }
+#endif
+    for (; i < bq; i++)
+        for (int j = 0; j < bk; j++)
+            S[i * ATT_BK + j] = scale * (ref ? dot_ref(q + i * ld, k + j * ld, Dh)
+                                             : dot(q + i * ld, k + j * ld, Dh));
+    if (brow)
+        for (i = 0; i < bq; i++)
+            for (int j = 0; j < bk; j++) S[i * ATT_BK + j] += brow[i * ldb + j];
+}
+
+/*
+ * O (bq, Dh) += P (bq, bk) @ V (bk, Dh), P = the tile's probabilities in S
+ * (stride ATT_BK), V rows at stride ld. Each O element gets its bk terms in
+ * key order, product then add, so the AVX path (4 rows x 16 columns kept in
+ * registers across the keys) is bit-identical to the scalar loop.
+ */
+static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float *v, int64_t ld,
+                   int ref) {
+    int i = 0;
+#if defined(__AVX__)
+    if (!ref)
+        for (; i + 4 <= bq; i += 4) {
+            float *o0 = O + (size_t)i * Dh, *o1 = o0 + Dh, *o2 = o1 + Dh, *o3 = o2 + Dh;
+            const float *p0 = S + (size_t)i * ATT_BK, *p1 = p0 + ATT_BK, *p2 = p1 + ATT_BK,
+                        *p3 = p2 + ATT_BK;
+            int d = 0;
+            for (; d + 16 <= Dh; d += 16) {
+                __m256 c00 = _mm256_loadu_ps(o0 + d), c01 = _mm256_loadu_ps(o0 + d + 8);
+                __m256 c10 = _mm256_loadu_ps(o1 + d), c11 = _mm256_loadu_ps(o1 + d + 8);
+                __m256 c20 = _mm256_loadu_ps(o2 + d), c21 = _mm256_loadu_ps(o2 + d + 8);
+                __m256 c30 = _mm256_loadu_ps(o3 + d), c31 = _mm256_loadu_ps(o3 + d + 8);
+                for (int j = 0; j < bk; j++) {
+                    const float *vj = v + j * ld + d;
+                    __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8), p;
+                    p = _mm256_broadcast_ss(p0 + j);
+                    c00 = _mm256_add_ps(c00, _mm256_mul_ps(p, v0));
+                    c01 = _mm256_add_ps(c01, _mm256_mul_ps(p, v1));
+                    p = _mm256_broadcast_ss(p1 + j);
+                    c10 = _mm256_add_ps(c10, _mm256_mul_ps(p, v0));
+                    c11 = _mm256_add_ps(c11, _mm256_mul_ps(p, v1));
+                    p = _mm256_broadcast_ss(p2 + j);
+                    c20 = _mm256_add_ps(c20, _mm256_mul_ps(p, v0));
+                    c21 = _mm256_add_ps(c21, _mm256_mul_ps(p, v1));
+                    p = _mm256_broadcast_ss(p3 + j);
+                    c30 = _mm256_add_ps(c30, _mm256_mul_ps(p, v0));
+                    c31 = _mm256_add_ps(c31, _mm256_mul_ps(p, v1));
+                }
+                _mm256_storeu_ps(o0 + d, c00); _mm256_storeu_ps(o0 + d + 8, c01);
+                _mm256_storeu_ps(o1 + d, c10); _mm256_storeu_ps(o1 + d + 8, c11);
+                _mm256_storeu_ps(o2 + d, c20); _mm256_storeu_ps(o2 + d + 8, c21);
+                _mm256_storeu_ps(o3 + d, c30); _mm256_storeu_ps(o3 + d + 8, c31);
+            }
+            for (; d + 8 <= Dh; d += 8) {
+                __m256 c0 = _mm256_loadu_ps(o0 + d), c1 = _mm256_loadu_ps(o1 + d);
+                __m256 c2 = _mm256_loadu_ps(o2 + d), c3 = _mm256_loadu_ps(o3 + d);
+                for (int j = 0; j < bk; j++) {
+                    __m256 vj = _mm256_loadu_ps(v + j * ld + d);
+                    c0 = _mm256_add_ps(c0, _mm256_mul_ps(_mm256_broadcast_ss(p0 + j), vj));
+                    c1 = _mm256_add_ps(c1, _mm256_mul_ps(_mm256_broadcast_ss(p1 + j), vj));
+                    c2 = _mm256_add_ps(c2, _mm256_mul_ps(_mm256_broadcast_ss(p2 + j), vj));
+                    c3 = _mm256_add_ps(c3, _mm256_mul_ps(_mm256_broadcast_ss(p3 + j), vj));
+                }
+                _mm256_storeu_ps(o0 + d, c0); _mm256_storeu_ps(o1 + d, c1);
+                _mm256_storeu_ps(o2 + d, c2); _mm256_storeu_ps(o3 + d, c3);
+            }
+            for (; d < Dh; d++)
+                for (int j = 0; j < bk; j++) {
+                    const float vj = v[j * ld + d];
+                    o0[d] += p0[j] * vj;
+                    o1[d] += p1[j] * vj;
+                    o2[d] += p2[j] * vj;
+                    o3[d] += p3[j] * vj;
+                }
+        }
+#endif
+    for (; i < bq; i++) {
+        float *Oi = O + (size_t)i * Dh;
+        const float *Pi = S + (size_t)i * ATT_BK;
+        for (int j = 0; j < bk; j++) {
+            const float *vj = v + j * ld;
+            const float pj = Pi[j];
+            for (int d = 0; d < Dh; d++) Oi[d] += pj * vj[d];
+        }
+    }
+}
+
+/*
  * One work item: head h, query rows [i0, i0+bq). Online softmax over key
  * tiles: running max m, running sum l and unnormalised output O per row,
- * rescaled by exp(m_old - m_new) when the max grows. Rows whose scores are
- * all -inf (fully masked) produce zeros.
+ * rescaled by exp(m_old - m_new) when the max grows. Per tile: scores S
+ * (att_scores), then per row the new max, the rescale of O and
+ * p = exp(S - max) in key order, then O += P V (att_pv). Rows whose scores
+ * are all -inf so far (fully masked) get p = 0 and produce zeros.
  */
 static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int bq) {
     const int64_t ld = (int64_t)c->H * c->Dh;   /* row stride of q, k, v, out */
@@ -337,24 +461,25 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
     float *O = S + ATT_BQ * ATT_BK;              /* (bq, Dh) */
     float *m = O + (size_t)ATT_BQ * Dh;          /* (bq,) */
     float *l = m + ATT_BQ;                       /* (bq,) */
+    const float *qh = c->q + i0 * ld + (int64_t)h * Dh;
     for (int i = 0; i < bq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
     memset(O, 0, sizeof(float) * (size_t)bq * Dh);
     for (int64_t j0 = 0; j0 < c->Nk; j0 += ATT_BK) {
         int bk = c->Nk - j0 < ATT_BK ? (int)(c->Nk - j0) : ATT_BK;
+        const float *kh = c->k + j0 * ld + (int64_t)h * Dh;
+        const float *vh = c->v + j0 * ld + (int64_t)h * Dh;
+        const float *brow = c->bias ? c->bias + ((int64_t)h * c->Nq + i0) * c->Nk + j0 : NULL;
+        att_scores(qh, kh, ld, Dh, bq, bk, c->scale, brow, c->Nk, S, c->ref);
         for (int i = 0; i < bq; i++) {
-            const float *qi = c->q + (i0 + i) * ld + (int64_t)h * Dh;
-            const float *brow = c->bias ? c->bias + ((int64_t)h * c->Nq + i0 + i) * c->Nk + j0 : NULL;
             float *Si = S + (size_t)i * ATT_BK;
             float mt = -INFINITY;
-            for (int j = 0; j < bk; j++) {
-                const float *kj = c->k + (j0 + j) * ld + (int64_t)h * Dh;
-                float s = c->scale * (c->ref ? dot_ref(qi, kj, Dh) : dot(qi, kj, Dh));
-                if (brow) s += brow[j];
-                Si[j] = s;
-                if (s > mt) mt = s;
-            }
+            for (int j = 0; j < bk; j++)
+                if (Si[j] > mt) mt = Si[j];
             float mn = m[i] > mt ? m[i] : mt;
-            if (mn == -INFINITY) continue;       /* everything so far masked */
+            if (mn == -INFINITY) {               /* everything so far masked */
+                for (int j = 0; j < bk; j++) Si[j] = 0.0f;
+                continue;
+            }
             float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mn);
             float *Oi = O + (size_t)i * Dh;
             if (corr != 1.0f)
@@ -362,13 +487,13 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
             float sum = 0.0f;
             for (int j = 0; j < bk; j++) {
                 float pj = expf(Si[j] - mn);
+                Si[j] = pj;
                 sum += pj;
-                const float *vj = c->v + (j0 + j) * ld + (int64_t)h * Dh;
-                for (int d = 0; d < Dh; d++) Oi[d] += pj * vj[d];
             }
             l[i] = l[i] * corr + sum;
             m[i] = mn;
         }
+        att_pv(O, Dh, S, bq, bk, vh, ld, c->ref);
     }
     for (int i = 0; i < bq; i++) {
         float *dst = c->out + (i0 + i) * ld + (int64_t)h * Dh;
