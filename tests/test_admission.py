@@ -97,3 +97,51 @@ def test_dims_and_weights_from_a_converted_model(tmp_path):
         assert wb[q] == (dst / f"transformer-{q}.gguf").stat().st_size + \
             (dst / f"vae-{q}.gguf").stat().st_size
     assert wb["f16"] < wb["f32"]
+
+
+# ---------------------------------------------------------------- h3.c jobs (admit_h3)
+
+H3_DIT = 37 * GiB  # the FL2VA DiT in BF16 (issue 8, h3.c's README)
+
+
+def h3_admit(options=None, available_gib=64.0, quant="int8", width=512, height=512, frames=22, preview=None):
+    from h3render.engine.h3.options import validate_h3_options
+    from h3render.worker.admission import admit_h3
+
+    req, _ = validate_h3_options(options or {}, width, height, frames, quant=quant)
+    return admit_h3(req, H3_DIT, int(available_gib * GiB), 0.20, preview)
+
+
+@pytest.mark.parametrize("options, quant, need_gib", [
+    ({}, "int8", 38.5),  # exact: 37 GiB DiT + activations + media + 1 GiB
+    ({"dit_layers": 45, "denoise_reuse": 2}, "int8", 34.8),  # README's balanced preset
+    ({"dit_layers": 40}, "int8", 31.1),
+    ({"ssd_streaming": True}, "bf16", 3.5),  # ~2 GiB resident DiT
+    ({"preview_denoise": True}, "int8", 48.5),  # +10 GiB preview VAE
+])
+def test_h3_documented_configurations_on_a_64_gib_mac(options, quant, need_gib):
+    """512x512x22 at the documented settings: need as docs/H3C.md states it; all fit 64 GiB
+    free with 20% headroom (51.2 GiB usable)."""
+    a = h3_admit(options, 64, quant)
+    assert a.fits and a.usable == int(0.8 * 64 * GiB)
+    assert f"needs {need_gib:.1f} GiB, 64.0 GiB available (headroom 20%)" == a.message
+
+
+@pytest.mark.parametrize("options, quant, available, hint", [
+    ({}, "int8", 48, "engine option dit_layers=45"),  # 38.5 > 38.4 usable: one notch of layers fits
+    ({}, "int8", 40, "engine option dit_layers=40"),  # 32 usable: 45 layers (34.8) does not, 40 (31.1) does
+    ({}, "int8", 16, "engine option ssd_streaming=true"),  # no layer count fits; streaming does
+    ({}, "int8-row", 16, "engine option ssd_streaming=true with quant int8"),  # streaming excludes int8-row
+    ({"preview_denoise": True}, "int8", 60, "previews off"),  # 48.5 > 48 usable; 38.5 without previews fits
+    ({"ssd_streaming": True}, "bf16", 4, "a smaller size or fewer frames"),  # 3.5 > 3.2 usable: nothing left
+])
+def test_h3_too_big_names_need_available_and_the_first_fix_that_fits(options, quant, available, hint):
+    a = h3_admit(options, available, quant)
+    assert not a.fits and a.need > a.usable
+    assert a.message.startswith(f"needs {a.need / GiB:.1f} GiB, {available:.1f} GiB available (headroom 20%); try ")
+    assert a.suggestion.startswith("try " + hint), a.suggestion
+
+
+def test_h3_preview_every_counts_as_previews_on():
+    off, on = h3_admit(available_gib=64), h3_admit(available_gib=64, preview=True)
+    assert on.need - off.need == 10 * GiB

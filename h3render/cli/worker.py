@@ -31,6 +31,9 @@ def worker(burst: bool, max_jobs: int | None, force: bool, name: str | None,
     except RedisUnavailableError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+    from rq.logutils import setup_loghandlers
+
+    setup_loghandlers(log_level, name="h3render")  # h3render's own log lines beside rq's, same format
     w = H3Worker.create(r, settings, force=force, name=name)
     try:
         w.run(burst=burst, max_jobs=max_jobs, logging_level=log_level)

@@ -52,6 +52,7 @@ class JobRow:
     retries_left: int | None
     enqueued_at: float | None
     ended_at: float | None
+    preview_step: int | None = None  # the step of the latest preview in meta (job_preview reads it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +117,7 @@ def row_from_job(job: Job) -> JobRow:
         retries_left=job.retries_left,
         enqueued_at=_ts(job.enqueued_at),
         ended_at=_ts(job.ended_at),
+        preview_step=meta.get("preview_step") if isinstance(meta.get("preview_step"), int) else None,
     )
 
 
@@ -137,6 +139,22 @@ def fetch_job(r: redis.Redis, job_id: str) -> Job:
 
 def job_status(r: redis.Redis, job_id: str) -> JobRow:
     return row_from_job(fetch_job(r, job_id))
+
+
+def job_preview(r: redis.Redis, job_id: str) -> tuple[int, bytes] | None:
+    """(step, PNG bytes) of the job's latest preview frame (meta "preview_step" and
+    "preview_png", base64), or None when it has none (yet)."""
+    import base64
+    import binascii
+
+    meta = (fetch_job(r, job_id).meta or {}).get("h3r") or {}
+    step, png = meta.get("preview_step"), meta.get("preview_png")
+    if not isinstance(step, int) or not isinstance(png, str):
+        return None
+    try:
+        return step, base64.b64decode(png, validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def sweep_job_ids(r: redis.Redis, sweep_id: str) -> list[str]:

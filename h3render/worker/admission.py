@@ -1,7 +1,8 @@
 """Admission: will this job fit in memory now? Estimate, compare, explain.
 
 Pure functions, except `model_dims`/`weight_bytes_on_disk`, which read a model
-directory's GGUF headers and file sizes.
+directory's GGUF headers and file sizes. h3.c jobs (an H3 snapshot) use
+`admit_h3` over h3render.engine.h3.estimate instead; see the end of the file.
 
 The estimate is the peak resident set of one render, phase by phase:
 
@@ -27,6 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+
+from h3render.engine.h3.estimate import estimate_h3_memory
 
 GiB = 1024**3
 MiB = 1024**2
@@ -291,3 +294,51 @@ def dims_from_info(info: dict, base: ModelDims) -> ModelDims:
     if info.get("latent_channels"):
         upd["in_channels"] = int(info["latent_channels"])
     return base.model_copy(update=upd)
+
+
+# ---------------------------------------------------------------- h3.c jobs
+
+
+def admit_h3(request, dit_bytes: int, available: int, headroom: float,
+             preview: bool | None = None) -> Admission:
+    """Whether an h3.c job fits `available` bytes keeping `headroom` free.
+
+    request: a validated h3render.engine.h3.options.H3Request; dit_bytes: the FL2VA
+    DiT's tensor bytes (`models inspect`); preview: previews on (None: the request's
+    preview_denoise). The estimate is h3render.engine.h3.estimate.estimate_h3_memory.
+    When the job does not fit, the message suggests the first single change, in order
+    of lost quality, that would: previews off, dit_layers 45, 40, 35, then
+    ssd_streaming (with quant int8 when the job asked for int8-row, which SSD
+    streaming excludes).
+    """
+    est = estimate_h3_memory(dit_bytes, request, preview=preview)
+    usable = int(available * (1.0 - headroom))
+    need = est.total
+    head = f"headroom {headroom:.0%}"
+    if need <= usable:
+        return Admission(fits=True, need=need, available=available, usable=usable, headroom=headroom,
+                         message=f"needs {_gib(need)}, {_gib(available)} available ({head})")
+    opts = request.options
+    on = opts.preview_denoise if preview is None else bool(preview)
+    tries: list[tuple[str, dict, bool]] = []  # (hint, option updates, previews on)
+    if on:
+        tries.append(("previews off (preview_every=0, preview_denoise=false)", {"preview_denoise": False}, False))
+    if not opts.ssd_streaming:
+        for layers in (45, 40, 35):
+            if layers < opts.dit_layers:
+                tries.append((f"engine option dit_layers={layers}", {"dit_layers": layers}, on))
+        hint = "engine option ssd_streaming=true"
+        tries.append((hint + (" with quant int8" if request.quant == "int8-row" else ""),
+                      {"ssd_streaming": True}, on))
+    hints = []
+    for hint, upd, prev in tries:
+        cand = request.model_copy(update={"options": opts.model_copy(update=upd)})
+        if estimate_h3_memory(dit_bytes, cand, preview=prev).total <= usable:
+            hints.append(hint)
+            break
+    if not hints:
+        hints.append("a smaller size or fewer frames with ssd_streaming=true, or a machine with more free memory")
+    suggestion = "try " + hints[0]
+    return Admission(fits=False, need=need, available=available, usable=usable, headroom=headroom,
+                     suggestion=suggestion,
+                     message=f"needs {_gib(need)}, {_gib(available)} available ({head}); {suggestion}")

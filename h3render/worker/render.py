@@ -5,10 +5,15 @@ engine for exactly one render and all memory goes back to the OS afterwards.
 
     validate (RenderJob, resolved)        -> PermanentJobError on failure
     resolve the model by name             -> PermanentJobError when missing
-    admission (memory estimate vs now)    -> waits, then RetryableJobError
+    admission (memory estimate vs now)    -> waits, then RetryableJobError; the estimate is
+                                             the CPU engine's (h3render.worker.admission) or,
+                                             for an H3 snapshot, h3.c's (admit_h3, with the
+                                             DiT bytes from `models inspect`)
     engine: load, encode, denoise, decode -> progress/ETA/peak RSS into meta each tick;
                                              cancel key polled each tick; heat pause
-                                             between denoising steps
+                                             between denoising steps; the latest preview
+                                             frame as a small PNG (h3render.worker.preview);
+                                             threads from `h3render tune` when measured
     outputs: video.mp4, poster.png, meta.json, written under temporary names and renamed
 
 Failures are classified here (see `classify`): permanent ones set the job's
@@ -186,17 +191,14 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
         model_dir = models.resolve_model(job.model)
     except EngineError as e:
         raise PermanentJobError(f"missing model: {e}", e.message) from None
-    weights = adm.weight_bytes_on_disk(model_dir)
-    if job.quant not in weights:
-        raise PermanentJobError(f"quant={job.quant!r} is not available for model {job.model!r}; "
-                                f"available: {', '.join(sorted(weights)) or 'none'}")
+    threads, threads_source = engine_threads(job)
+    meta.update(threads=threads, threads_source=threads_source)
 
     # -- admission
-    dims = adm.model_dims(model_dir, job.quant)
-    shape = adm.JobShape(width=job.width, height=job.height, frames=job.frames,
-                         guidance=job.guidance, quant=job.quant,
-                         threads=os.cpu_count() or 1)
-    est = adm.estimate_memory(shape, dims, weights[job.quant])
+    if models.model_kind(model_dir) == "h3":
+        est, check = _h3_admission(job, model_dir, settings)
+    else:
+        est, check = _cpu_admission(job, model_dir, settings, threads)
     deadline = time.time() + settings.admission_wait_limit_s
     while True:
         readings = read_readings(settings)
@@ -206,7 +208,7 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
             meta.update(estimate={**meta.data.get("estimate", {}), **est.as_meta()},
                         admission="no memory reading on this machine; admitted")
             break
-        a = adm.admit(shape, dims, weights, avail, settings.admission_headroom_fraction)
+        a = check(avail)
         meta.update(estimate={**meta.data.get("estimate", {}), **est.as_meta()},
                     admission=a.message)
         if a.fits:
@@ -224,7 +226,62 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     meta.update(state=JobPhase.loading, phase="load", output_dir=str(out_dir), reason=None)
     return _run_engine(job, model_dir, out_dir, settings, meta, rq_job, parent, est, timings,
-                       health, t0)
+                       health, t0, threads)
+
+
+def engine_threads(job: RenderJob) -> tuple[int, str]:
+    """(threads, source) for the engine: the count `h3render tune` measured fastest on this
+    machine for the job's model and quant level, else 0 (all cores)."""
+    from h3render.engine.tune import best_threads
+
+    try:
+        best = best_threads(job.model, str(job.quant))
+    except Exception:  # noqa: BLE001 - a broken tune file must not fail a render
+        best = None
+    return (best, "tune") if best else (0, "all cores")
+
+
+def _cpu_admission(job: RenderJob, model_dir: Path, settings: Settings, threads: int):
+    """(estimate, check(available) -> Admission) for the CPU engine's GGUF model dir."""
+    weights = adm.weight_bytes_on_disk(model_dir)
+    if job.quant not in weights:
+        raise PermanentJobError(f"quant={job.quant!r} is not available for model {job.model!r}; "
+                                f"available: {', '.join(sorted(weights)) or 'none'}")
+    dims = adm.model_dims(model_dir, job.quant)
+    shape = adm.JobShape(width=job.width, height=job.height, frames=job.frames,
+                         guidance=job.guidance, quant=job.quant,
+                         threads=threads or os.cpu_count() or 1)
+    est = adm.estimate_memory(shape, dims, weights[job.quant])
+    return est, lambda avail: adm.admit(shape, dims, weights, avail, settings.admission_headroom_fraction)
+
+
+def _h3_admission(job: RenderJob, model_dir: Path, settings: Settings):
+    """(estimate, check(available) -> Admission) for an h3.c job on an H3 snapshot.
+
+    The snapshot's headers are checked first (`models inspect`: a truncated or
+    missing shard fails the job permanently, naming the file, before h3.c runs),
+    and the job's options again (the payload may come from anyone who can write to
+    Redis); the DiT bytes feed h3render.engine.h3.estimate.
+    """
+    from h3render.engine.h3.inspect import inspect_model_dir
+    from h3render.engine.h3.options import H3OptionsError, validate_h3_options
+
+    report = inspect_model_dir(model_dir)
+    if not report.ok:
+        raise PermanentJobError(f"model {job.model!r} has broken files (see `h3render models inspect "
+                                f"{model_dir}`): " + "; ".join(str(p) for p in report.problems))
+    try:
+        request, _ = validate_h3_options(dict(job.engine_options), job.width, job.height, job.frames,
+                                         quant=job.quant, steps=job.steps)
+    except H3OptionsError as e:
+        raise PermanentJobError(f"invalid job: {e}") from None
+    if request.frames != job.frames:
+        raise PermanentJobError(f"invalid job: frames={job.frames} is not 17n+5 (enqueue through "
+                                "h3render.queue, which rounds it up)")
+    preview = True if job.preview_every > 0 else None
+    dit = report.dit_bytes()
+    est = adm.estimate_h3_memory(dit, request, preview=preview)
+    return est, lambda avail: adm.admit_h3(request, dit, avail, settings.admission_headroom_fraction, preview)
 
 
 def _sweep_of(rq_job) -> str | None:
@@ -251,13 +308,14 @@ def _check_cancel_or_parent(rq_job, parent: int) -> bool:
 
 
 def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settings, meta: _Meta,
-                rq_job, parent: int, est, timings: dict, health: list, t0: float) -> dict:
-    from h3render.engine.binding import FRAME_FINAL, Engine, GenerateRequest
+                rq_job, parent: int, est, timings: dict, health: list, t0: float,
+                threads: int = 0) -> dict:
+    from h3render.engine.binding import FRAME_FINAL, FRAME_PREVIEW, Engine, GenerateRequest
     from h3render.engine.exceptions import EngineCanceled, EngineError
     from h3render.engine.video import RenderOutputs
 
     state = {"phase": "load", "phase_t": time.time(), "step_t": None, "step_times": [],
-             "canceled": False, "last_thermal": 0.0, "prev_readings": None}
+             "canceled": False, "last_thermal": 0.0, "prev_readings": None, "preview_step": None}
     pauses: list[dict] = []
 
     def on_progress(phase: str, done: int, total: int) -> bool:
@@ -286,9 +344,9 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
 
     info: dict = {}
     try:
-        with Engine(model_dir, threads=0) as engine:
+        with _open_engine(Engine, model_dir, threads) as engine:
             info = engine.info()
-            meta.update(engine={k: info.get(k) for k in ("engine", "engine_version", "abi", "model")})
+            meta.update(engine={k: info.get(k) for k in ("engine", "engine_version", "abi", "model", "threads")})
             if rq_job is not None:  # clients validate new jobs against what workers serve
                 from h3render.queue.engine_info import publish_engine_info
 
@@ -297,7 +355,7 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
                 width=job.width, height=job.height, frames=job.frames, steps=job.steps,
                 seed=int(job.seed), prompt=job.prompt, negative_prompt=job.negative_prompt or "",
                 guidance=job.guidance, shift=job.shift, sampler=job.sampler, quant=job.quant,
-                options=dict(job.engine_options))
+                options=dict(job.engine_options), preview_every=job.preview_every)
             if info.get("prompt", "token_ids") == "token_ids":
                 from h3render.engine.tokenize import load_tokenizer
 
@@ -311,6 +369,11 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
                 def on_frame(kind: int, index: int, rgb) -> bool:
                     if kind == FRAME_FINAL:
                         outputs.add(index, rgb)
+                    elif kind == FRAME_PREVIEW and index + 1 != state["preview_step"]:
+                        from h3render.worker.preview import preview_b64
+
+                        state["preview_step"] = index + 1  # steps done, as meta "step" counts
+                        meta.update(preview_png=preview_b64(rgb), preview_step=index + 1)
                     return False
 
                 try:
@@ -359,6 +422,22 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
 
 class _Canceled(Exception):
     pass
+
+
+def _open_engine(engine_cls, model_dir: Path, threads: int):
+    """Engine(model_dir, threads); an H3 snapshot the library cannot open says what to build."""
+    from h3render.engine import models
+    from h3render.engine.exceptions import EngineError
+
+    try:
+        return engine_cls(model_dir, threads=threads)
+    except EngineError as e:
+        if models.model_kind(model_dir) != "h3":
+            raise
+        raise PermanentJobError(
+            f"cannot open the H3 snapshot {model_dir.name!r}: {e}. H3 snapshots run on antirez's h3.c: "
+            "build h3render against it (H3_SOURCE_DIR=... pip install . on a Mac; docs/H3C.md)",
+            e.message) from None
 
 
 def _remove_empty(d: Path) -> None:

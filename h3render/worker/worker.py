@@ -12,6 +12,9 @@
                 pid is dead is stale: the new worker takes it and recovers the jobs
                 the dead worker left in the started registry (retry or fail with a
                 reason), instead of waiting for their heartbeats to expire.
+    at start    after taking the lock, the engine info of every installed model is
+                published for validating clients (h3render.worker.publish; a bad
+                model directory is logged and skipped).
     after each job  a job the render task ended as canceled is moved to rq's
                 canceled registry; a horse killed by a signal (engine crash) is
                 recorded in the job's meta with the signal and the last phase.
@@ -343,11 +346,23 @@ class H3Worker(SpawnWorker):
 
     # ------------------------------------------------------------ lifetime
 
+    def publish_models(self) -> dict[str, str]:
+        """Publish every installed model's Engine.info(); never fatal (see h3render.worker.publish)."""
+        from h3render.worker.publish import publish_installed
+
+        try:
+            return publish_installed(self.connection)
+        except Exception as e:  # noqa: BLE001 - a broken models dir must not stop the worker
+            log.error("could not publish the installed models' engine info: %s", e)
+            return {}
+
     def run(self, *, burst: bool = False, max_jobs: int | None = None,
             with_scheduler: bool = True, logging_level: str = "INFO") -> bool:
-        """Take the host lock, recover a dead predecessor's jobs, work, release."""
+        """Take the host lock, recover a dead predecessor's jobs, publish the installed
+        models' engine info, work, release."""
         self.acquire_host_lock()
         try:
+            self.publish_models()
             return self.work(burst=burst, max_jobs=max_jobs, with_scheduler=with_scheduler,
                              logging_level=logging_level)
         finally:
