@@ -5,7 +5,9 @@ contact sheets, the install command. Fast (no Redis, no worker).
 ComfyUI's own functions (comfy/model_management.py, comfy/utils.py; see
 docs/COMFYUI.md for the version checked): the interrupt flag is read and cleared
 under a lock and raises InterruptProcessingException; the progress bar takes
-update_absolute(value, total). torch.from_numpy returns the array itself, so
+update_absolute(value, total, preview), preview being ComfyUI's PreviewImageTuple
+(format, PIL image, max size; comfy_execution/progress.py), and comfy.cli_args.args
+has ComfyUI's default preview_size. torch.from_numpy returns the array itself, so
 tests see exactly what a node returns. tests/test_comfy_real.py runs the same
 nodes inside a real ComfyUI. test_comfy_queue.py imports these helpers.
 """
@@ -40,6 +42,7 @@ class FakeComfy:
     def __init__(self):
         self.progress: list[tuple[int, int]] = []  # every update_absolute(value, total)
         self.bars: list[int] = []  # totals of the ProgressBars created
+        self.previews: list[tuple[int, tuple]] = []  # (value, preview tuple) of updates that carried one
         self._flag = False
         self._lock = threading.Lock()
         self.interrupt_when = None  # callable(progress list) -> bool, polled by the interrupt check
@@ -61,6 +64,8 @@ class FakeComfy:
                     self.total = total
                 self.current = min(value, self.total)
                 fake.progress.append((value, self.total))
+                if preview is not None:
+                    fake.previews.append((value, preview))
 
             def update(self, value):
                 self.update_absolute(self.current + value)
@@ -82,8 +87,11 @@ class FakeComfy:
         mm = types.ModuleType("comfy.model_management")
         mm.InterruptProcessingException = InterruptProcessingException
         mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
-        comfy.utils, comfy.model_management = utils, mm
-        return {"torch": torch, "comfy": comfy, "comfy.utils": utils, "comfy.model_management": mm}
+        cli_args = types.ModuleType("comfy.cli_args")
+        cli_args.args = types.SimpleNamespace(preview_size=512)  # ComfyUI's --preview-size default
+        comfy.utils, comfy.model_management, comfy.cli_args = utils, mm, cli_args
+        return {"torch": torch, "comfy": comfy, "comfy.utils": utils, "comfy.model_management": mm,
+                "comfy.cli_args": cli_args}
 
 
 def load_nodes(monkeypatch, fake: FakeComfy):
@@ -145,6 +153,10 @@ def test_render_node_shape(nodes):
     assert req["guidance"][0] == "FLOAT"
     assert "tiny-wan" in req["model"][0]  # the built-in model, with Redis down
     assert req["quant"][0][0] == "default" and {"f32", "f16"} <= set(req["quant"][0])
+    # optional: a preview every n steps into the progress display (old workflows without it keep working)
+    (kind, opts), = cls.INPUT_TYPES()["optional"].values()
+    assert list(cls.INPUT_TYPES()["optional"]) == ["preview_every"] and kind == "INT"
+    assert (opts["min"], opts["default"], opts["max"]) == (0, 1, 1000)
     # outside a ComfyUI with VideoFromFile the video is the mp4 path
     assert cls.RETURN_TYPES == ("IMAGE", "STRING", "STRING")
     assert cls.RETURN_NAMES == ("frames", "video", "job_id")
@@ -218,6 +230,9 @@ def test_render_payload_defaults_are_omitted():
                               steps=1, guidance=0.0, quant="f16", model="m")
     assert p == {"prompt": "a fox", "model": "m", "seed": 0, "negative_prompt": "blur", "width": 32,
                  "height": 48, "frames": 5, "steps": 1, "guidance": 0.0, "quant": "f16"}
+    p = inputs.render_payload(prompt="a fox", negative_prompt="", seed=0, width=0, height=0, frames=0,
+                              steps=0, guidance=-1.0, quant="default", model="m", preview_every=2)
+    assert p == {"prompt": "a fox", "model": "m", "seed": 0, "preview_every": 2}  # 0 (none) is omitted
 
 
 def test_sweep_grid_from_text():

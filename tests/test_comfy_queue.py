@@ -8,6 +8,7 @@ Slow-ish: about a minute on 2 cores (every job spawns a fresh Python process).
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from h3render.comfy_bridge import client, sheet
 from h3render.comfy_bridge.errors import BridgeInputError, JobFailedError, NoWorkerError
 from h3render.engine.video import probe
 from h3render.queue.enqueue import queue
+from h3render.queue.status import job_preview as status_preview
 from h3render.queue.status import job_status, recent_job_ids
 from h3render.worker.health import Readings
 
@@ -127,7 +129,44 @@ def test_render_returns_frames_video_and_job_id(nodes, fake, env, redis_conn, h3
     # the progress bar followed the engine's denoising steps up to the last
     values = [v for v, _ in fake.progress]
     assert values and values == sorted(values) and values[-1] == 3 and {t for _, t in fake.progress} == {3}
-    print(f"mp4 vs poster: RGB {rgb:.1f} dB, luma {luma:.1f} dB; progress updates {fake.progress}")
+    # the node asks for a preview every step (its default) and hands each new one to the bar in
+    # ComfyUI's preview form: ("PNG", PIL image, max size)
+    assert fake.previews, "no preview reached the progress bar"
+    for value, (fmt, img, max_size) in fake.previews:
+        assert fmt == "PNG" and isinstance(img, Image.Image) and img.size == (64, 64) and max_size == 512
+        assert 1 <= value <= 3
+    print(f"mp4 vs poster: RGB {rgb:.1f} dB, luma {luma:.1f} dB; progress updates {fake.progress}; "
+          f"previews at {[v for v, _ in fake.previews]}")
+
+
+def test_previews_reach_the_progress_hook_as_pil_images(env, redis_conn, h3_settings):
+    """The plain layer: a real worker writes the latest preview (a small PNG) into the job's
+    meta at most once per step; Bridge.wait decodes each new one and passes it to the hook."""
+    seen: list[tuple[int, int, Image.Image]] = []
+    hooks = client.Hooks(progress=lambda d, t, preview=None: preview is not None and seen.append((d, t, preview)))
+    bridge = client.Bridge.connect()
+    steps = 40  # a few ms each on tiny-wan: the poller sees several previews, not necessarily all
+    payload = {"prompt": "a red ball", "seed": 3, "width": 64, "height": 64, "frames": 17, "steps": steps,
+               "preview_every": 1}
+    out, log = call_with_burst_worker(lambda: bridge.render(payload, 300, hooks), env, redis_conn, h3_settings)
+    assert "error" not in out, f"{out.get('error')!r}\n{log}"
+    result = out["value"]
+    assert seen, "no preview reached the hook"
+    for done, total, img in seen:
+        assert total == steps and 1 <= done <= steps and img.mode == "RGB" and img.size == (64, 64)
+    # the last preview is the one after the last step; meta keeps only the latest
+    meta = job_status(redis_conn, result.job_id)
+    assert meta.preview_step == steps
+    step, png = status_preview(redis_conn, result.job_id)
+    last = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), np.float64)
+    assert step == steps and np.array_equal(last, np.asarray(seen[-1][2], np.float64))
+    # After the last step the flow model's x0 estimate is the final latent, so the preview is
+    # frame 0 of the video up to the mp4's loss: the same PSNR floors as mp4 vs poster PNG above.
+    first = result.frames[0].astype(np.float64) * 255.0
+    rgb, luma = psnr(first, last), psnr(first @ LUMA, last @ LUMA)
+    assert rgb >= MP4_VS_PNG_MIN_PSNR_DB and luma >= MP4_VS_PNG_MIN_LUMA_PSNR_DB, (rgb, luma)
+    print(f"{len(seen)} previews seen at steps {[d for d, _, _ in seen]}; last vs mp4 frame 0: "
+          f"RGB {rgb:.1f} dB, luma {luma:.1f} dB")
 
 
 def test_failed_job_raises_the_workers_reason(env, redis_conn, h3_settings):
@@ -186,7 +225,7 @@ def test_interrupt_cancel_record_is_within_one_step(env, redis_conn, h3_settings
     fake = FakeComfy()
     fake.interrupt_when = lambda progress: any(v >= 5 for v, _ in progress)
     bridge = client.Bridge.connect()
-    hooks = client.Hooks(progress=lambda d, t: fake.progress.append((d, t)),
+    hooks = client.Hooks(progress=lambda d, t, preview=None: fake.progress.append((d, t)),
                          check_interrupt=fake.modules()["comfy.model_management"].throw_exception_if_processing_interrupted)
     payload = {"prompt": "a red ball", "width": 64, "height": 64, "frames": 17, "steps": 400}
     out, log = call_with_burst_worker(lambda: bridge.render(payload, 300, hooks), env, redis_conn, h3_settings)

@@ -4,8 +4,11 @@ Built on h3render.queue (enqueue, status, cancel); no ComfyUI and no torch here.
 ComfyUI's progress bar and interrupt check come in as `Hooks`, so tests drive the
 same code with their own functions:
 
-    Hooks.progress(done, total)   called when the job's step moves (and for sweeps,
-                                  when the count of ended jobs moves)
+    Hooks.progress(done, total, preview)
+                                  called when the job's step moves (and for sweeps,
+                                  when the count of ended jobs moves); preview is the
+                                  job's latest preview frame as a PIL image when a new
+                                  one arrived (RenderJob.preview_every), else None
     Hooks.check_interrupt()       raises to stop; a render is then canceled in the
                                   queue and the exception re-raised unchanged
 
@@ -19,7 +22,7 @@ retries: ComfyUI shows the first failure at once, and the user re-queues.
 
 from __future__ import annotations
 
-import datetime as dt
+import io
 import json
 import time
 from collections.abc import Callable
@@ -43,7 +46,7 @@ from h3render.comfy_bridge.errors import (
     NoWorkerError,
     RedisDownError,
 )
-from h3render.queue import control, status
+from h3render.queue import control, status, workers
 from h3render.queue.connection import get_redis
 from h3render.queue.engine_info import published_info, published_models
 from h3render.queue.enqueue import enqueue, enqueue_sweep, queue
@@ -71,7 +74,7 @@ class BridgeSettings(BaseSettings):
     sweep_poll_s: float = Field(1.0, gt=0, description="seconds between two reads of a sweep's state")
 
 
-def _noop_progress(done: int, total: int) -> None:
+def _noop_progress(done: int, total: int, preview: Any = None) -> None:
     return None
 
 
@@ -81,7 +84,7 @@ def _noop_interrupt() -> None:
 
 @dataclass
 class Hooks:
-    progress: Callable[[int, int], None] = _noop_progress
+    progress: Callable[[int, int, Any], None] = _noop_progress  # (done, total, PIL image or None)
     check_interrupt: Callable[[], None] = _noop_interrupt
 
 
@@ -206,20 +209,9 @@ class Bridge:
     # ------------------------------------------------------------ workers and choices
 
     def live_workers(self) -> list[str]:
-        """Names of rq workers on our queue that sent a heartbeat within worker_silence_s."""
-        from rq import Worker
-
-        now = dt.datetime.now(dt.timezone.utc)
-        alive = []
-        for w in Worker.all(connection=self.r, queue=queue(self.r, self.settings)):
-            beat = w.last_heartbeat
-            if beat is None:
-                continue
-            if beat.tzinfo is None:
-                beat = beat.replace(tzinfo=dt.timezone.utc)
-            if (now - beat).total_seconds() <= self.bridge.worker_silence_s:
-                alive.append(w.name)
-        return alive
+        """Names of rq workers on our queue that sent a heartbeat within worker_silence_s
+        (h3render.queue.workers, the queue's own answer to "is anyone rendering?")."""
+        return [w.name for w in workers.live_workers(self.r, self.settings, self.bridge.worker_silence_s)]
 
     def published(self) -> dict[str, dict | None]:
         """model -> Engine.info() that workers published."""
@@ -242,6 +234,7 @@ class Bridge:
         hooks = hooks or Hooks()
         t0 = time.monotonic()
         last_progress: tuple[int, int] | None = None
+        last_preview: int | None = None
         no_worker_since: float | None = None
         next_worker_check = 0.0
         while True:
@@ -254,9 +247,13 @@ class Bridge:
                 row = status.job_status(self.r, job_id)
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 raise BridgeError(f"lost the connection to Redis while waiting for job {job_id}: {e}") from None
-            if row.step is not None and row.steps and (row.step, row.steps) != last_progress:
+            image = None
+            if row.preview_step is not None and row.preview_step != last_preview:
+                last_preview = row.preview_step
+                image = self.preview_image(job_id)
+            if row.step is not None and row.steps and ((row.step, row.steps) != last_progress or image is not None):
                 last_progress = (row.step, row.steps)
-                hooks.progress(row.step, row.steps)
+                hooks.progress(row.step, row.steps, image)
             state = JobPhase(row.state)
             if state == JobPhase.finished:
                 return row
@@ -283,6 +280,22 @@ class Bridge:
                 raise JobTimeoutError(f"h3render job {job_id} did not finish within the node's timeout of "
                                       f"{timeout_s:g} s (state: {row.state}); it was canceled")
             time.sleep(self.bridge.poll_s)
+
+    def preview_image(self, job_id: str):
+        """The job's latest preview frame as an RGB PIL image, or None (none yet, or unreadable)."""
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            found = status.job_preview(self.r, job_id)
+        except (redis.RedisError, NotFoundError):
+            return None
+        if found is None:
+            return None
+        try:
+            with Image.open(io.BytesIO(found[1])) as im:
+                return im.convert("RGB")
+        except (OSError, UnidentifiedImageError):
+            return None
 
     def cancel_and_wait(self, job_id: str) -> CancelRecord:
         """Cancel the job in the queue and wait (at most cancel_wait_s) for it to end."""

@@ -34,9 +34,12 @@ def render_payload(
     guidance: float,
     quant: str,
     model: str,
+    preview_every: int = 0,
 ) -> dict[str, Any]:
     """The RenderJob payload for one H3 Render node's widget values (defaults omitted)."""
     payload: dict[str, Any] = {"prompt": prompt, "model": model, "seed": int(seed)}
+    if int(preview_every) != 0:
+        payload["preview_every"] = int(preview_every)
     if negative_prompt.strip():
         payload["negative_prompt"] = negative_prompt
     for name, value in (("width", width), ("height", height), ("frames", frames), ("steps", steps)):

@@ -1,6 +1,7 @@
 """The ComfyUI nodes (classic API). The only module of h3render that imports ComfyUI or torch.
 
-    H3Render        enqueue one job, wait for it; IMAGE frames, VIDEO (or the mp4 path), job id
+    H3Render        enqueue one job, wait for it; IMAGE frames, VIDEO (or the mp4 path), job id;
+                    the job's preview frames appear in the node's progress display
     H3Sweep         enqueue a sweep and return at once (output node; runs on every queueing)
     H3SweepResults  contact sheet of a sweep, one job's frames, a summary
 
@@ -41,13 +42,22 @@ except ImportError:
         VideoFromFile = None
 
 
+try:  # the size ComfyUI scales previews to (its --preview-size), as its latent previews do
+    from comfy.cli_args import args as _comfy_args
+
+    PREVIEW_MAX_SIZE = int(getattr(_comfy_args, "preview_size", 512))
+except ImportError:
+    PREVIEW_MAX_SIZE = 512
+
+
 def _hooks() -> client.Hooks:
     bar = {"pbar": None}
 
-    def progress(done: int, total: int) -> None:
+    def progress(done: int, total: int, preview=None) -> None:
         if bar["pbar"] is None:
             bar["pbar"] = comfy.utils.ProgressBar(total)
-        bar["pbar"].update_absolute(done, total)
+        # ComfyUI's preview tuple (comfy_execution.progress.PreviewImageTuple): (format, PIL image, max size)
+        bar["pbar"].update_absolute(done, total, ("PNG", preview, PREVIEW_MAX_SIZE) if preview is not None else None)
 
     return client.Hooks(progress=progress,
                         check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted)
@@ -72,10 +82,11 @@ class H3Render:
     def INPUT_TYPES(cls):
         return spec.render_inputs(*client.node_choices())
 
-    def render(self, prompt, negative_prompt, seed, width, height, frames, steps, guidance, quant, model, timeout):
+    def render(self, prompt, negative_prompt, seed, width, height, frames, steps, guidance, quant, model, timeout,
+               preview_every=spec.DEFAULT_PREVIEW_EVERY):
         payload = inputs.render_payload(prompt=prompt, negative_prompt=negative_prompt, seed=seed, width=width,
                                         height=height, frames=frames, steps=steps, guidance=guidance,
-                                        quant=quant, model=model)
+                                        quant=quant, model=model, preview_every=preview_every)
         bridge = client.Bridge.connect()
         result = bridge.render(payload, float(timeout), _hooks())
         video = VideoFromFile(str(result.video)) if VideoFromFile is not None else str(result.video)

@@ -14,6 +14,7 @@ from h3render.queue.job import MAX_PROMPT_CHARS, SEED_MAX
 
 CATEGORY = "h3render"
 MAX_TIMEOUT_S = 7 * 24 * 3600
+DEFAULT_PREVIEW_EVERY = 1  # H3 Render shows a preview after every denoising step unless told otherwise
 
 DISPLAY_NAMES = {
     "H3Render": "H3 Render (queued)",
@@ -71,6 +72,11 @@ def render_inputs(models: list[str], quants: list[str]) -> dict[str, Any]:
         "model": _model_dropdown(models),
         "timeout": ("INT", {"default": 3600, "min": 1, "max": MAX_TIMEOUT_S,
                             "tooltip": "seconds to wait for the job; then it is canceled and the node fails"}),
+    }, "optional": {
+        "preview_every": ("INT", {"default": DEFAULT_PREVIEW_EVERY, "min": 0, "max": 1000,
+                                  "tooltip": "show a preview frame every n denoising steps in the progress "
+                                             "display; 0: none. Each costs a one-frame VAE decode (h3.c: "
+                                             "its preview VAE, about 10 GiB more memory)"}),
     }}
 
 
