@@ -259,12 +259,24 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
+/* acc + 8 int32 lanes, lane l = sum of u[4l+i] * s[4l+i] (u unsigned, s
+ * signed bytes). Without VNNI it goes through int16 pair sums, which is exact
+ * as long as |u[2m] s[2m] + u[2m+1] s[2m+1]| <= 32767: true for every use
+ * here (|w| <= 127 with |a| <= 127; nibbles and 6-bit values with a). */
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* 32 signed weights w . 32 activations a -> 8 int32 lanes (pairs of 4
  * products each): |w| as u8 times sign(a, w) as s8, as ggml's mul_sum_i8. */
 static inline __m256i dot32_i8(__m256i w, __m256i a) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-    return _mm256_madd_epi16(p16, ones);
+    return dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
 /* Same with int16 scales per pair lane (Q6_K: 8 lanes of sc0 then 8 of sc1). */
@@ -365,6 +377,22 @@ static inline __attribute__((always_inline)) void load_w_neon(int type, const vo
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Block b of the weight row against block b of each activation row r < nr:
+ * v[r] += (dw * dx_r) * int32 lanes, one FMA per row. */
+static inline __attribute__((always_inline)) void
+vec_dot_block_avx2(const int type, const void *w, int64_t b, const blk_q8x *const *x, int nr, __m256 *v) {
+    float dw;
+    __m256i sc16 = _mm256_setzero_si256();
+    __m256i wq = load_w_avx2(type, w, b, &dw, &sc16);
+    for (int r = 0; r < nr; r++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)x[r][b].qs);
+        __m256i is = type == GGML_TYPE_Q6_K ? dot32_i8_scaled(wq, a, sc16) : dot32_i8(wq, a);
+        v[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[r][b].d), _mm256_cvtepi32_ps(is), v[r]);
+    }
+}
+#endif
+
 /*
  * The SIMD kernel for one weight type (a constant after inlining, so the hot
  * loop has no type test). Per output element and block: an exact int32 lane
@@ -378,18 +406,16 @@ vec_dot_t(const int type, int64_t nb, const void *w, const blk_q8x *const *x, in
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #if defined(__AVX2__) && defined(__FMA__)
     {
-        __m256 va[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (; b < nb; b++) {
-            float dw;
-            __m256i sc16 = _mm256_setzero_si256();
-            __m256i wq = load_w_avx2(type, w, b, &dw, &sc16);
-            for (int r = 0; r < nr; r++) {
-                __m256i a = _mm256_loadu_si256((const __m256i *)x[r][b].qs);
-                __m256i is = type == GGML_TYPE_Q6_K ? dot32_i8_scaled(wq, a, sc16) : dot32_i8(wq, a);
-                va[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[r][b].d), _mm256_cvtepi32_ps(is), va[r]);
-            }
+        /* two accumulators per row, even and odd blocks, so one row (GEMV) is
+         * not bound by the FMA latency; summed lane-wise, then the lane tree */
+        __m256 ve[4], vo[4];
+        for (int r = 0; r < 4; r++) ve[r] = vo[r] = _mm256_setzero_ps();
+        for (; b + 2 <= nb; b += 2) {
+            vec_dot_block_avx2(type, w, b, x, nr, ve);
+            vec_dot_block_avx2(type, w, b + 1, x, nr, vo);
         }
-        for (int r = 0; r < nr; r++) acc[r] = hsum8(va[r]);
+        if (b < nb) vec_dot_block_avx2(type, w, b++, x, nr, ve);
+        for (int r = 0; r < nr; r++) acc[r] = hsum8(_mm256_add_ps(ve[r], vo[r]));
     }
 #elif defined(__ARM_NEON)
     {
@@ -427,6 +453,138 @@ void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int n
     case GGML_TYPE_Q4_0: vec_dot_t(GGML_TYPE_Q4_0, nb, w, x, nr, out); break;
     default: vec_dot_t(GGML_TYPE_Q6_K, nb, w, x, nr, out); break;
     }
+}
+
+/* ---------------------------------------------------------------- GEMV: weight rows x one activation row
+ *
+ * For a single activation row (N = 1, the GEMV of one token) the kernel above
+ * pays for setup shared by 4 activation rows. vec_dot_rows streams weight
+ * rows one after the other against the one activation row with the leanest
+ * unpacking. Each output gets exactly the operations vec_dot gives it (same
+ * int32 lanes, same per-block scale product, same two FMA chains over even
+ * and odd blocks, same lane tree), so the results are bit-identical to
+ * vec_dot with nr = 1.
+ *
+ * Q4_0 and Q6_K weights are used unsigned (nibble q, 6-bit q) and the offset
+ * taken out in integers: lane (q - o) . a = (q . a) - (o . a), where o . a
+ * (o = 8 or 32 in every byte) is one more dot. Exact, so the lanes equal
+ * the signed ones.
+ */
+#define QPF_BYTES 1024   /* software prefetch distance in the weight stream */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __attribute__((always_inline)) void
+vec_dot_row1_t(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x, float *out) {
+    __m256 va[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};   /* even, odd blocks */
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (type == GGML_TYPE_Q8_0) {
+#define Q8_STEP(b, acc)                                                                           \
+        do {                                                                                      \
+            const blk_q8_0 *p = (const blk_q8_0 *)w + (b);                                        \
+            __m256i is = dot32_i8(_mm256_loadu_si256((const __m256i *)p->qs),                     \
+                                  _mm256_loadu_si256((const __m256i *)x[b].qs));                  \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(p->d) * x[b].d), _mm256_cvtepi32_ps(is), acc); \
+        } while (0)
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            _mm_prefetch((const char *)((const blk_q8_0 *)w + b) + QPF_BYTES, _MM_HINT_T0);
+            Q8_STEP(b, va[0]);
+            Q8_STEP(b + 1, va[1]);
+        }
+        if (b < nb) Q8_STEP(b, va[0]);
+#undef Q8_STEP
+    } else if (type == GGML_TYPE_Q4_0) {
+        const __m256i shift = _mm256_set_epi64x(4, 4, 0, 0);   /* high 128 bits: upper nibbles */
+#define Q4_STEP(b, acc)                                                                           \
+        do {                                                                                      \
+            const blk_q4_0 *p = (const blk_q4_0 *)w + (b);                                        \
+            const __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);                       \
+            const __m256i a8 = dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a);            \
+            __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p->qs));     \
+            q = _mm256_and_si256(_mm256_srlv_epi64(q, shift), m4);                                \
+            __m256i is = _mm256_sub_epi32(dpbusd(_mm256_setzero_si256(), q, a), a8);              \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(p->d) * x[b].d), _mm256_cvtepi32_ps(is), acc); \
+        } while (0)
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            _mm_prefetch((const char *)((const blk_q4_0 *)w + b) + QPF_BYTES, _MM_HINT_T0);
+            Q4_STEP(b, va[0]);
+            Q4_STEP(b + 1, va[1]);
+        }
+        if (b < nb) Q4_STEP(b, va[0]);
+#undef Q4_STEP
+    } else { /* Q6_K: 8 activation blocks per super-block */
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        const __m256i lo4 = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
+        for (int64_t sb = 0; sb < nb / 8; sb++) {
+            const blk_q6_k *p = (const blk_q6_k *)w + sb;
+            const blk_q8x *xs = x + 8 * sb;
+            _mm_prefetch((const char *)p + QPF_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + QPF_BYTES + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + QPF_BYTES + 128, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + QPF_BYTES + 192, _MM_HINT_T0);
+            const float dw = fp16(p->d);
+            const __m256i sc[2] = {
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p->scales)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p->scales + 8)))};
+            for (int h = 0; h < 2; h++) {
+                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
+                const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                       _mm256_and_si256(qh, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+#define Q6_STEP(s, acc)                                                                           \
+                do {                                                                              \
+                    const int j = 4 * h + (s);   /* sub-block: elements 32j .. 32j+31 */          \
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)xs[j].qs);              \
+                    const __m256i a32 = dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(32), a);  \
+                    /* lanes 0-3 scale 2j, lanes 4-7 scale 2j+1 */                                \
+                    __m256i scj = _mm256_permutevar8x32_epi32(                                    \
+                        sc[h], _mm256_add_epi32(lo4, _mm256_set1_epi32(2 * (s))));                \
+                    __m256i is = _mm256_sub_epi32(dpbusd(_mm256_setzero_si256(), q[s], a), a32);  \
+                    is = _mm256_mullo_epi32(is, scj);                                             \
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xs[j].d), _mm256_cvtepi32_ps(is), acc); \
+                } while (0)
+                Q6_STEP(0, va[0]);
+                Q6_STEP(1, va[1]);
+                Q6_STEP(2, va[0]);
+                Q6_STEP(3, va[1]);
+#undef Q6_STEP
+            }
+        }
+    }
+    *out = hsum8(_mm256_add_ps(va[0], va[1]));
+}
+#endif
+
+/*
+ * Weight rows r = 0 .. nw-1 (nw >= 1) at w + r * row_bytes, each K = 32*nb
+ * elements of `type`, dotted with one activation row x (nb blocks) -> out[r],
+ * bit-identical to vec_dot(type, nb, w_r, &x, 1, &out[r]). The rows are taken
+ * one after the other: one sequential stream of weights (interleaving rows
+ * measured slower on the memory side).
+ */
+void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw, const blk_q8x *x,
+                  float *out) {
+    const uint8_t *wb = w;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int r = 0; r < nw; r++) {
+        switch (type) {
+        case GGML_TYPE_Q8_0: vec_dot_row1_t(GGML_TYPE_Q8_0, nb, wb + r * row_bytes, x, out + r); break;
+        case GGML_TYPE_Q4_0: vec_dot_row1_t(GGML_TYPE_Q4_0, nb, wb + r * row_bytes, x, out + r); break;
+        default: vec_dot_row1_t(GGML_TYPE_Q6_K, nb, wb + r * row_bytes, x, out + r); break;
+        }
+    }
+#else
+    const blk_q8x *xs[1] = {x};
+    for (int r = 0; r < nw; r++) vec_dot(type, nb, wb + (size_t)r * row_bytes, xs, 1, out + r);
+#endif
 }
 
 /* ---------------------------------------------------------------- prewarm */

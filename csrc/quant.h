@@ -106,6 +106,15 @@ void quantize_row_q8x(const float *x, blk_q8x *dst, int64_t n);
 void vec_dot_ref(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out);
 void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out);
 
+/*
+ * nw weight rows (1..4) at w + r * row_bytes, each of K = 32*nb elements of
+ * `type`, with ONE activation row x (nb blocks) -> out[r]: the GEMV kernel
+ * (independent chains per weight row, the activation block loaded once).
+ * out[r] is bit-identical to vec_dot(type, nb, w_r, &x, 1, &out[r]).
+ */
+void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw, const blk_q8x *x,
+                  float *out);
+
 /* Name of the SIMD variant compiled in: "avx2", "neon-dotprod", "neon" or "scalar". */
 const char *quant_simd_name(void);
 
