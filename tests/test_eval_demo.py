@@ -166,3 +166,25 @@ def test_demo_model_follows_held_out_prompts(demo_model, quant, tmp_path):
     for a, need in SUBSET_MIN_HITS.items():
         assert hits[a] >= need, (a, hits, rep.failures)
     assert (tmp_path / f"contact-{quant}.png").stat().st_size > 1000
+
+
+def test_cli_bad_input_exits_2(tmp_path):
+    from click.testing import CliRunner
+
+    from h3render.cli.eval_demo import eval_demo
+
+    runner = CliRunner()
+    res = runner.invoke(eval_demo, ["--model", str(tmp_path / "nope"), "-n", "0"])
+    assert res.exit_code == 2 and "--prompts=0" in res.output
+    res = runner.invoke(eval_demo, ["--model", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "--model" in res.output and "does not exist" in res.output
+
+
+def test_cli_unknown_quant_exits_2(demo_model, tmp_path):
+    from click.testing import CliRunner
+
+    from h3render.cli.eval_demo import eval_demo
+
+    res = CliRunner().invoke(eval_demo, ["--model", str(demo_model), "--quant", "q3_x", "-n", "1",
+                                         "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "q3_x" in res.output and "f32" in res.output
