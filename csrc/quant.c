@@ -470,12 +470,203 @@ void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int n
  * (o = 8 or 32 in every byte) is one more dot. Exact, so the lanes equal
  * the signed ones.
  */
-#define QPF_BYTES 1024   /* software prefetch distance in the weight stream */
+#ifndef QPF_BYTES
+#define QPF_BYTES 4096   /* software prefetch distance in the weight stream (measured best of 0.5-4 KiB) */
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__FMA__)
+#define H3R_AVX512_GEMV 1
+#define GEMV_MAX_NB 512   /* K <= 16384 takes the AVX-512 Q8_0/Q4_0 GEMV (37 KiB of stack) */
+/*
+ * AVX-512 GEMV, two blocks per step: blocks b (even) and b+1 (odd) side by
+ * side in one 512-bit register, so the low 256 bits carry exactly the even-
+ * block chain and the high 256 bits the odd-block chain of the AVX2 kernel,
+ * lane for lane (same int32 lanes, same scale product, same FMA); the two
+ * halves are then added and summed by the same tree. Bit-identical to the
+ * AVX2 path, with half the instructions per block.
+ */
+
+/* (fp16(d0) * xd0) in lanes 0-7, (fp16(d1) * xd1) in lanes 8-15. */
+static inline __m512 scale_pair(uint16_t d0, float xd0, uint16_t d1, float xd1) {
+    const float s0 = fp16(d0) * xd0, s1 = fp16(d1) * xd1;
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+}
+
+/* Low 256 bits + high 256 bits, then the hsum8 tree. */
+static inline float hsum_pair(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* One activation row laid out for the GEMV: block qs contiguous (a pair of
+ * blocks is one 64-byte load), the scales contiguous (8 at a time), and for
+ * Q4_0 the lanes 8 . a (the nibble offset) computed once for every row. */
+typedef struct {
+    _Alignas(64) int8_t qs[GEMV_MAX_NB * 32];
+    _Alignas(64) int32_t a8[GEMV_MAX_NB * 8];
+    float xd[GEMV_MAX_NB];
+} gemv_act;
+
+static void gemv_act_fill(int type, int64_t nb, const blk_q8x *x, gemv_act *g) {
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        _mm256_store_si256((__m256i *)(g->qs + 32 * b), a);
+        if (type == GGML_TYPE_Q4_0)
+            _mm256_store_si256((__m256i *)(g->a8 + 8 * b), dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a));
+        g->xd[b] = x[b].d;
+    }
+}
+
+/* The 8 f16 scales d of blocks p[0..7] (stride `stride` bytes) as floats. */
+static inline __m256 fp16x8(const uint8_t *p, size_t stride) {
+    __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)p);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 1 * stride), 1);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 2 * stride), 2);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 3 * stride), 3);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 4 * stride), 4);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 5 * stride), 5);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 6 * stride), 6);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(p + 7 * stride), 7);
+    return _mm256_cvtph_ps(h);
+}
+
+/* Blocks b, b+1 of a Q8_0 / Q4_0 row against activation blocks x[b], x[b+1]
+ * -> 16 int32 lanes (block b in lanes 0-7, b+1 in 8-15), as dot32_i8 or
+ * the unsigned Q4_0 form would give them. */
+static inline __attribute__((always_inline)) __m512i
+pair_isum_512(const int type, const uint8_t *w, int64_t b, const gemv_act *g) {
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i a = _mm512_load_si512((const void *)(g->qs + 32 * b));
+    if (type == GGML_TYPE_Q8_0) {
+        const blk_q8_0 *p = (const blk_q8_0 *)w + b;
+        const __m512i wq = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p[0].qs)),
+            _mm256_loadu_si256((const __m256i *)p[1].qs), 1);
+        /* |w| . (a with w's sign): the lanes of dot32_i8 */
+        const __m512i as = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(wq), zero, a);
+        return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wq), as);
+    }
+    const blk_q4_0 *p = (const blk_q4_0 *)w + b;
+    const __m256i shift = _mm256_set_epi64x(4, 4, 0, 0);   /* high 128 bits: upper nibbles */
+    const __m256i q0 = _mm256_srlv_epi64(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p[0].qs)), shift);
+    const __m256i q1 = _mm256_srlv_epi64(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p[1].qs)), shift);
+    const __m512i q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1),
+                                       _mm512_set1_epi8(0x0F));
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, a), _mm512_load_si512((const void *)(g->a8 + 8 * b)));
+}
+
+/*
+ * Q8_0 / Q4_0 weight row . one activation row. xd (nb,) holds the
+ * activation scales x[b].d contiguously, so the scale products of 8 blocks
+ * are one vector multiply (the same f32 products as the scalar ones).
+ */
+static inline __attribute__((always_inline)) float
+vec_dot_row1_512(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x, const gemv_act *g) {
+    const float *xd = g->xd;
+    const size_t bs = type == GGML_TYPE_Q8_0 ? sizeof(blk_q8_0) : sizeof(blk_q4_0);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        _mm_prefetch((const char *)w + b * bs + QPF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + b * bs + QPF_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + b * bs + QPF_BYTES + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + b * bs + QPF_BYTES + 192, _MM_HINT_T0);
+        if (type == GGML_TYPE_Q8_0) _mm_prefetch((const char *)w + b * bs + QPF_BYTES + 256, _MM_HINT_T0);
+        /* scales of blocks b .. b+7: fp16(d) * xd */
+        const __m512 s8 = _mm512_castps256_ps512(_mm256_mul_ps(fp16x8(w + b * bs, bs), _mm256_loadu_ps(xd + b)));
+        for (int t = 0; t < 4; t++) {
+            /* block b+2t in lanes 0-7, b+2t+1 in lanes 8-15 */
+            const __m512i idx = _mm512_set_epi32(2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1,
+                                                 2 * t + 1, 2 * t + 1, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t,
+                                                 2 * t, 2 * t);
+            const __m512i is = pair_isum_512(type, w, b + 2 * t, g);
+            acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, s8), _mm512_cvtepi32_ps(is), acc);
+        }
+    }
+    for (; b + 2 <= nb; b += 2) {
+        const uint16_t d0 = *(const uint16_t *)(w + b * bs), d1 = *(const uint16_t *)(w + (b + 1) * bs);
+        const __m512i is = pair_isum_512(type, w, b, g);
+        acc = _mm512_fmadd_ps(scale_pair(d0, x[b].d, d1, x[b + 1].d), _mm512_cvtepi32_ps(is), acc);
+    }
+    __m256 even = _mm512_castps512_ps256(acc), odd = _mm512_extractf32x8_ps(acc, 1);
+    if (b < nb) {   /* one even block left: as the AVX2 kernel adds it to the even chain */
+        const __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        float dw;
+        __m256i is;
+        if (type == GGML_TYPE_Q8_0) {
+            const blk_q8_0 *p = (const blk_q8_0 *)w + b;
+            is = dot32_i8(_mm256_loadu_si256((const __m256i *)p->qs), a);
+            dw = fp16(p->d);
+        } else {
+            const blk_q4_0 *p = (const blk_q4_0 *)w + b;
+            __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p->qs));
+            q = _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
+            is = _mm256_sub_epi32(dpbusd(_mm256_setzero_si256(), q, a),
+                                  dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a));
+            dw = fp16(p->d);
+        }
+        even = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[b].d), _mm256_cvtepi32_ps(is), even);
+    }
+    return hsum8(_mm256_add_ps(even, odd));
+}
+
+/* Q6_K weight row . one activation row: sub-blocks 2i (even) and 2i+1 (odd)
+ * of a super-block per step. */
+static inline float vec_dot_row1_q6k_512(int64_t nb, const uint8_t *w, const blk_q8x *x) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
+    const __m512i c32 = _mm512_set1_epi8(32);
+    const __m512i shl01 = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);   /* s = 0: << 4, s = 1: << 2 */
+    const __m512i shr23 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);   /* s = 2: >> 0, s = 3: >> 2 */
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        const blk_q6_k *p = (const blk_q6_k *)w + sb;
+        const blk_q8x *xs = x + 8 * sb;
+        _mm_prefetch((const char *)p + QPF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + QPF_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + QPF_BYTES + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + QPF_BYTES + 192, _MM_HINT_T0);
+        const float dw = fp16(p->d);
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p->scales)); /* (16) */
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512((const void *)(p->ql + 64 * h));   /* ql0 | ql1 */
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p->qh + 32 * h)));
+            __m512i q[2];
+            q[0] = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                   _mm512_and_si512(_mm512_sllv_epi64(qh, shl01), m30));       /* s 0 | 1 */
+            q[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                   _mm512_and_si512(_mm512_srlv_epi64(qh, shr23), m30));       /* s 2 | 3 */
+            for (int t = 0; t < 2; t++) {
+                const int j = 4 * h + 2 * t;   /* sub-blocks j (even) and j + 1 (odd) */
+                const __m512i a = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xs[j].qs)),
+                    _mm256_loadu_si256((const __m256i *)xs[j + 1].qs), 1);
+                /* lanes 0-3 scale 2j, 4-7 2j+1, 8-11 2j+2, 12-15 2j+3 */
+                const __m512i idx = _mm512_add_epi32(
+                    _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi32(2 * j));
+                __m512i is = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q[t], a),
+                                              _mm512_dpbusd_epi32(zero, c32, a));
+                is = _mm512_mullo_epi32(is, _mm512_permutexvar_epi32(idx, sc));
+                const __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(dw * xs[j].d)),
+                                                     _mm256_set1_ps(dw * xs[j + 1].d), 1);
+                acc = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(is), acc);
+            }
+        }
+    }
+    return hsum_pair(acc);
+}
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
 static inline __attribute__((always_inline)) void
 vec_dot_row1_t(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x, float *out) {
     __m256 va[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};   /* even, odd blocks */
     const __m256i m4 = _mm256_set1_epi8(0x0F);
+#if H3R_AVX512_GEMV
+    if (type == GGML_TYPE_Q6_K) {
+        *out = vec_dot_row1_q6k_512(nb, w, x);
+        return;
+    }
+#endif
     if (type == GGML_TYPE_Q8_0) {
 #define Q8_STEP(b, acc)                                                                           \
         do {                                                                                      \
@@ -573,6 +764,16 @@ vec_dot_row1_t(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x, f
 void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw, const blk_q8x *x,
                   float *out) {
     const uint8_t *wb = w;
+#if H3R_AVX512_GEMV
+    if ((type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) && nb <= GEMV_MAX_NB) {
+        gemv_act g;   /* 37 KiB of stack at most */
+        gemv_act_fill(type, nb, x, &g);
+        for (int r = 0; r < nw; r++)
+            out[r] = type == GGML_TYPE_Q8_0 ? vec_dot_row1_512(GGML_TYPE_Q8_0, nb, wb + r * row_bytes, x, &g)
+                                            : vec_dot_row1_512(GGML_TYPE_Q4_0, nb, wb + r * row_bytes, x, &g);
+        return;
+    }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     for (int r = 0; r < nw; r++) {
         switch (type) {

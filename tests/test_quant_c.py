@@ -78,6 +78,18 @@ def test_c_units_under_asan_ubsan(tmp_path):
         assert "SIMD variant: avx2" in out
 
 
+def test_c_units_native(tmp_path):
+    """The kernels the library is built with (-march=native: AVX-512 VNNI GEMV where the CPU has it)."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if not cc:
+        _skip("no C compiler (cc/gcc) on PATH: the native-build C tests did not run")
+    probe = subprocess.run([cc, "-march=native", "-x", "c", "-", "-o", str(tmp_path / "p")],
+                           input="int main(void){return 0;}", capture_output=True, text=True)
+    if probe.returncode != 0:
+        _skip(f"{cc} does not take -march=native: the native-build C tests did not run")
+    _build_and_run([cc], ["-O2", "-march=native"], tmp_path / "test_quant_native", [])
+
+
 @pytest.mark.parametrize("march,variant", [("armv8.2-a+dotprod", "neon-dotprod"), ("armv8-a", "neon")])
 def test_c_units_aarch64_under_qemu(tmp_path, march, variant):
     cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")

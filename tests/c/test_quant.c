@@ -12,6 +12,8 @@
  *   quant    Q8_0 round trip within half a step, Q4_0 within one
  *   dot      SIMD vec_dot vs scalar vec_dot_ref, per type and K (TOL_DOT)
  *   tiling   a row's dot is bit-identical whether it shares a call with 0-3 rows
+ *   gemv     vec_dot_rows (one activation row, many weight rows) is
+ *            bit-identical to vec_dot
  *   matmul   op_matmul vs a double reference on the dequantized operands
  *            (TOL_MM), byte-identical for 1, 2 and 3 threads
  */
@@ -166,6 +168,43 @@ static void test_dot(void) {
         }
 }
 
+/* GEMV kernel: vec_dot_rows over 5 contiguous weight rows (pairs and a
+ * single) equals vec_dot with one activation row, bit for bit, for block
+ * counts that are odd, a multiple of 8, and past the AVX-512 path's limit. */
+static void test_gemv_rows(void) {
+    static const int64_t KS[] = {32, 96, 544, 4096, 16416, 256, 768, 16640};
+    char what[160];
+    for (size_t t = 0; t < sizeof(TYPES) / sizeof(TYPES[0]); t++)
+        for (size_t kk = 0; kk < sizeof(KS) / sizeof(KS[0]); kk++) {
+            int type = TYPES[t];
+            int64_t K = KS[kk], nb = K / QK8X;
+            if (K % quant_block_elems(type)) continue;
+            size_t rb = ggml_type_nbytes(type, K);
+            float *tmp = malloc(sizeof(float) * (size_t)K), *xf = malloc(sizeof(float) * (size_t)K);
+            uint8_t *w = malloc(rb * 5);
+            for (int r = 0; r < 5; r++) {
+                void *row = random_row(type, K, tmp);
+                memcpy(w + r * rb, row, rb);
+                free(row);
+            }
+            blk_q8x *xq = malloc(sizeof(blk_q8x) * (size_t)nb);
+            for (int64_t i = 0; i < K; i++) xf[i] = rnd_normal();
+            quantize_row_q8x(xf, xq, K);
+            const blk_q8x *xs[1] = {xq};
+            float rows[5], one;
+            vec_dot_rows(type, nb, w, rb, 5, xq, rows);
+            int same = 1;
+            for (int r = 0; r < 5; r++) {
+                vec_dot(type, nb, w + r * rb, xs, 1, &one);
+                same &= memcmp(&one, &rows[r], sizeof(float)) == 0;
+            }
+            snprintf(what, sizeof(what), "gemv: %s K=%lld vec_dot_rows bit-identical to vec_dot",
+                     ggml_type_name(type), (long long)K);
+            check(same, what);
+            free(tmp); free(xf); free(w); free(xq);
+        }
+}
+
 static void test_matmul(void) {
     static const int64_t SH[][3] = {{1, 256, 1}, {5, 256, 19}, {4, 512, 33}, {13, 768, 40}};
     char what[160];
@@ -230,6 +269,7 @@ int main(void) {
     test_layout();
     test_quant_round_trip();
     test_dot();
+    test_gemv_rows();
     test_matmul();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
