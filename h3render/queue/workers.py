@@ -53,7 +53,7 @@ def workers(r: redis.Redis, settings: Settings, now: dt.datetime | None = None) 
             state = "unknown"
         out.append(WorkerInfo(name=w.name, hostname=w.hostname, pid=w.pid, state=state,
                               last_heartbeat=beat.timestamp() if beat else None,
-                              age_s=(now - beat).total_seconds() if beat else None))
+                              age_s=max(0.0, (now - beat).total_seconds()) if beat else None))
     return sorted(out, key=lambda w: w.name)
 
 
