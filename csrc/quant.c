@@ -173,9 +173,45 @@ void quantize_row_q4_0(const float *x, blk_q4_0 *dst, int64_t n) {
     }
 }
 
-/* Activations: one f32 scale d = amax/127 per 32, q = roundf(x * 127/amax) in [-127, 127]. */
+/* Activations: one f32 scale d = amax/127 per 32, q = roundf(x * 127/amax) in [-127, 127].
+ * The AVX2 path computes the same values: max is exact in any order,
+ * x * id is the same product, and roundf (half away from zero) is
+ * trunc(v) + sign(v) when |v - trunc(v)| >= 0.5, the difference being exact. */
 void quantize_row_q8x(const float *x, blk_q8x *dst, int64_t n) {
-    for (int64_t k = 0; k < n / QK8X; k++) {
+    int64_t k = 0;
+#if defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (; k < n / QK8X; k++) {
+        const float *xb = x + k * QK8X;
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);   /* NaN x: keeps m, as fmaxf */
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 127.0f / amax : 0.0f;
+        dst[k].d = d;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256 p = _mm256_mul_ps(v[i], vid);
+            const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(p, t)), half, _CMP_GE_OQ);
+            const __m256 step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(sign, p)));
+            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+        }
+        /* int32 x 32 -> int8 x 32 in element order (packs work per 128-bit lane) */
+        __m256i w16 = _mm256_packs_epi32(q[0], q[1]), w16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i b8 = _mm256_packs_epi16(w16, w16b);
+        b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)dst[k].qs, b8);
+    }
+#endif
+    for (; k < n / QK8X; k++) {
         const float *xb = x + k * QK8X;
         float amax = 0.0f;
         for (int i = 0; i < QK8X; i++) amax = fmaxf(amax, fabsf(xb[i]));

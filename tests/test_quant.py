@@ -202,6 +202,26 @@ def test_activation_blocks():
     assert np.array_equal(qs[0], expect.astype(np.int8)) and not qs[1].any()
 
 
+def test_activation_blocks_round_half_away_from_zero():
+    """Every block (SIMD or scalar path) rounds x * (127/amax) as C's roundf: halves away from zero."""
+    rng = np.random.default_rng(8)
+    n_blocks = 512
+    x = (rng.standard_normal((n_blocks, 32)) * 10.0 ** rng.integers(-4, 4, (n_blocks, 1))).astype(np.float32)
+    # blocks whose amax is 127 (so id = 1 and v = x exactly) holding ties and near-ties
+    ties = np.array([0.5, -0.5, 1.5, -1.5, 2.5, -126.5, 0.49999997, -0.49999997, 0.0, -0.0], np.float32)
+    for i in range(0, 64):
+        x[i, :] = rng.choice(ties, 32)
+        x[i, i % 32] = 127.0 if i % 2 else -127.0
+    raw = c_quantize(ACT, x.reshape(-1), n_blocks * 36).reshape(n_blocks, 36)
+    d = raw[:, :4].copy().view(np.float32)[:, 0]
+    qs = raw[:, 4:].view(np.int8)
+    amax = np.abs(x).max(axis=1)
+    assert np.array_equal(d, (amax / np.float32(127)).astype(np.float32))
+    v = (x * (np.float32(127) / amax)[:, None]).astype(np.float32).astype(np.float64)
+    expect = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    assert np.array_equal(qs, expect.astype(np.int8))
+
+
 # ---------------------------------------------------------------- dot kernels
 
 
