@@ -20,7 +20,7 @@ whose captions the training sampler never emits (`is_heldout`), for evaluation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,7 +107,6 @@ class ClipSpec:
     objects: tuple[ShapeSpec, ...]
     caption: str = ""
     frames_hint: int = 9  # the clip length the start positions were chosen for
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def main(self) -> ShapeSpec:
