@@ -180,6 +180,32 @@ static void dots_f16_1x4_avx(const float *x, const uint16_t *w, int64_t ldw, int
         a2 = _mm256_add_ps(a2, _mm256_mul_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w2 + (kk)))))); \
         a3 = _mm256_add_ps(a3, _mm256_mul_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w3 + (kk)))))); \
     } while (0)
+#if defined(__AVX512F__)
+    /* rows 0|1 and 2|3 side by side in 512-bit registers: the same lane
+     * chains, half the instructions */
+    __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
+    for (; k + 32 <= K; k += 32) {
+        _mm_prefetch((const char *)(w0 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w1 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w2 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w3 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        for (int kk = k; kk < k + 32; kk += 8) {
+            const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + kk));
+            const __m512 v01 = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w0 + kk))),
+                _mm_loadu_si128((const __m128i *)(w1 + kk)), 1));
+            const __m512 v23 = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w2 + kk))),
+                _mm_loadu_si128((const __m128i *)(w3 + kk)), 1));
+            a01 = _mm512_add_ps(a01, _mm512_mul_ps(u, v01));
+            a23 = _mm512_add_ps(a23, _mm512_mul_ps(u, v23));
+        }
+    }
+    a0 = _mm512_castps512_ps256(a01);
+    a1 = _mm512_extractf32x8_ps(a01, 1);
+    a2 = _mm512_castps512_ps256(a23);
+    a3 = _mm512_extractf32x8_ps(a23, 1);
+#endif
     for (; k + 32 <= K; k += 32) {
         _mm_prefetch((const char *)(w0 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)(w1 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
@@ -199,6 +225,62 @@ static void dots_f16_1x4_avx(const float *x, const uint16_t *w, int64_t ldw, int
 }
 #endif
 
+#if defined(__AVX512F__)
+#define MM_PACK 1   /* the AVX-512 tile below needs the paired copy of the weight rows */
+/*
+ * Pack 8 weight rows w_0..w_7 (K,) as 4 pairs for the 512-bit tile: pair p,
+ * step s holds w_2p[8s .. 8s+8] then w_2p+1[8s .. 8s+8] (16 floats), over
+ * the K8 = K - K % 8 leading elements.  -> pk (4, K8 / 8, 16)
+ */
+static void mm_pack8(const float *const *rows, int64_t K, float *pk) {
+    const int64_t K8 = K / 8 * 8;
+    for (int p = 0; p < 4; p++)
+        for (int64_t k = 0; k < K8; k += 8) {
+            float *dst = pk + (size_t)p * K8 * 2 + k * 2;
+            memcpy(dst, rows[2 * p] + k, 8 * sizeof(float));
+            memcpy(dst + 8, rows[2 * p + 1] + k, 8 * sizeof(float));
+        }
+}
+
+/*
+ * Register tile: y[i][c] for 4 rows of x (stride K) and the 8 packed weight
+ * rows, 16 accumulators of two 8-lane chains each (low half w_2p, high half
+ * w_2p+1): every output is summed exactly as dot_ref (8 lanes, fixed tree,
+ * ordered tail), so bit-identical to mm_tile_4x2_avx, with twice the work
+ * per instruction.
+ */
+static void mm_tile_4x8_512(const float *x, int64_t K, const float *pk, const float *const *rows,
+                            const float *b, float *y, int64_t ldy) {
+    const int64_t K8 = K / 8 * 8;
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int p = 0; p < 4; p++) acc[i][p] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K8; k += 8) {
+        __m512 w[4];
+        for (int p = 0; p < 4; p++) w[p] = _mm512_loadu_ps(pk + (size_t)p * K8 * 2 + k * 2);
+        for (int i = 0; i < 4; i++) {
+            const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
+            for (int p = 0; p < 4; p++) acc[i][p] = _mm512_add_ps(acc[i][p], _mm512_mul_ps(u, w[p]));
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        const float *xi = x + i * K;
+        for (int p = 0; p < 4; p++) {
+            float s0 = hsum_avx(_mm512_castps512_ps256(acc[i][p]));
+            float s1 = hsum_avx(_mm512_extractf32x8_ps(acc[i][p], 1));
+            for (int64_t t = K8; t < K; t++) {
+                s0 += xi[t] * rows[2 * p][t];
+                s1 += xi[t] * rows[2 * p + 1][t];
+            }
+            y[i * ldy + 2 * p] = b ? s0 + b[2 * p] : s0;
+            y[i * ldy + 2 * p + 1] = b ? s1 + b[2 * p + 1] : s1;
+        }
+    }
+}
+#else
+#define MM_PACK 0
+#endif
+
 /* Thread ith computes output columns [j0, j1), a contiguous chunk of M,
  * MM_JB weight rows at a time, sweeping all rows of x for each block. */
 static void matmul_worker(void *arg, int ith, int nth) {
@@ -207,7 +289,7 @@ static void matmul_worker(void *arg, int ith, int nth) {
     const int64_t K = c->K, M = c->M;
     int64_t chunk = (M + nth - 1) / nth;
     int64_t j0 = chunk * ith, j1 = j0 + chunk < M ? j0 + chunk : M;
-    float *buf = c->scratch + (size_t)ith * MM_JB * K;
+    float *buf = c->scratch + (size_t)ith * (MM_PACK + 1) * MM_JB * K;
     const float *rows[MM_JB];
 #if defined(__AVX__) && defined(__F16C__)
     /* Fewer rows than a register tile (the GEMV of one token): F16 weights
@@ -236,6 +318,14 @@ static void matmul_worker(void *arg, int ith, int nth) {
         for (int r = 0; r < jb; r++) rows[r] = weight_row(c->W, j + r, K, buf + (size_t)r * K);
         const float *bj = c->b ? c->b + j : NULL;
         int64_t n = 0;
+#if MM_PACK
+        if (!ref && jb == MM_JB && c->N >= MM_NB) {
+            float *pk = buf + (size_t)MM_JB * K;
+            mm_pack8(rows, K, pk);
+            for (; n + MM_NB <= c->N; n += MM_NB)
+                mm_tile_4x8_512(c->x + n * K, K, pk, rows, bj, c->y + n * M + j, M);
+        }
+#endif
 #if defined(__AVX__)
         if (!ref) {
             for (; n + MM_NB <= c->N; n += MM_NB) {
@@ -381,8 +471,8 @@ int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const 
     if (quant_is_matmul_type(W->type)) return matmul_quant(p, y, x, W, b ? (const float *)b->data : NULL, N);
     int nth = h3r_pool_size(p);
     float *scratch = NULL;
-    if (W->type != GGML_TYPE_F32) {
-        scratch = malloc((size_t)nth * MM_JB * (size_t)K * sizeof(float));
+    if (W->type != GGML_TYPE_F32 || MM_PACK) {
+        scratch = malloc((size_t)nth * (MM_PACK + 1) * MM_JB * (size_t)K * sizeof(float));
         if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory (%d x %d x %lld floats)",
                                         nth, MM_JB, (long long)K);
     }

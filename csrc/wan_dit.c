@@ -379,6 +379,7 @@ enum {
     ROWS_GATED_ADD, /* x[n] += y[n] * gate  (gate NULL: x[n] += y[n]) */
     ROWS_RMS2,      /* rmsnorm x[n] with w and y[n] with w2 (q and k) */
     ROWS_ROPE,      /* rotate pairs of x[n] and y[n] by cos/sin (N, Dh/2) */
+    ROWS_GELU,      /* x[n] = gelu_tanh(x[n]) */
 };
 
 typedef struct {
@@ -426,6 +427,9 @@ static void rows_worker(void *ctx, int ith, int nth) {
                 for (int64_t d = 0; d < D; d++) dst[d] = dst[d] + src[d];
             break;
         }
+        case ROWS_GELU:
+            op_gelu_tanh(j->x + r * D, D);
+            break;
         case ROWS_RMS2:
             if (r < j->rows) op_rmsnorm(j->x + r * D, 1, D, j->w, j->eps);
             if (r < j->rows2) op_rmsnorm(j->y + r * D, 1, D, j->w2, j->eps);
@@ -701,7 +705,8 @@ int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T,
         for (int64_t r0 = 0; r0 < N; r0 += R) {
             const int64_t nr = N - r0 < R ? N - r0 : R;
             if ((rc = op_matmul(p, ff, nrm + r0 * D, b->up_w, b->up_b, nr)) < 0) goto done;
-            op_gelu_tanh(ff, nr * F);
+            rows_job gl = {.kind = ROWS_GELU, .rows = nr, .D = F, .x = ff};
+            run_rows(p, &gl);
             if ((rc = op_matmul(p, q + r0 * D, ff, b->down_w, b->down_b, nr)) < 0) goto done;
         }
         for (int64_t d = 0; d < D; d++) onep[d] = b->sst[5 * D + d] + tproj[5 * D + d];
