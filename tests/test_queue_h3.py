@@ -192,3 +192,19 @@ def test_cli_enqueue_prints_the_warning_and_refuses_with_exit_2(r, h3_settings):
     doc = json.loads(bad.stdout)
     (prob,) = doc["problems"]
     assert prob["field"] == "engine_options.ssd_streaming" and "int8-row" in prob["rule"]
+
+
+def test_cli_sweep_dry_run_reports_the_warning_and_takes_preview_every(r, h3_settings):
+    from click.testing import CliRunner
+
+    from h3render.cli.jobs import sweep
+
+    env = {"H3RENDER_REDIS_URL": h3_settings.redis_url, "H3RENDER_HOME": str(h3_settings.home)}
+    res = CliRunner().invoke(sweep, ["--model", MODEL, "--prompt", "a fox", "--frames", "23", "--seed", "1-3",
+                                     "--preview-every", "4", "--dry-run", "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["jobs"] == 3 and len(doc["warnings"]) == 1 and "rounded up to 39" in doc["warnings"][0]
+    bad = CliRunner().invoke(sweep, ["--model", MODEL, "--prompt", "a fox", "--preview-every", "99",
+                                     "--dry-run", "--json"], env=env)
+    assert bad.exit_code == 2 and json.loads(bad.output)["problems"][0]["field"] == "preview_every"
