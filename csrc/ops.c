@@ -495,7 +495,7 @@ typedef struct {
     float scale;
     int64_t n_qt;            /* query tiles per head */
     float *scratch;          /* nth x per_thread */
-    size_t per_thread;       /* floats: S (BQ,BK) + O (BQ,Dh) + m, l (BQ) */
+    size_t per_thread;       /* floats: S (BQ,BK) + O (BQ,Dh) + m, l (BQ) + qp (BQ,Dh) */
     int ref;                 /* scalar kernels only (tests) */
 } att_ctx;
 
@@ -506,9 +506,47 @@ typedef struct {
  * shared loads (bit-identical). brow: bias row of query 0 (stride Nk) or NULL.
  *   q (bq, Dh), k (bk, Dh) -> S (bq, ATT_BK)
  */
-static void att_scores(const float *q, const float *k, int64_t ld, int Dh, int bq, int bk,
-                       float scale, const float *brow, int64_t ldb, float *S, int ref) {
+static void att_scores(const float *q, const float *qp, const float *k, int64_t ld, int Dh, int bq,
+                       int bk, float scale, const float *brow, int64_t ldb, float *S, int ref) {
     int i = 0;
+#if MM_PACK
+    /* 8 query rows (4 packed pairs) x 4 keys per register tile */
+    if (!ref && Dh >= 8) {
+        const int64_t D8 = Dh / 8 * 8;
+        for (; i + 8 <= bq; i += 8) {
+            const float *pp = qp + (size_t)(i / 2) * D8 * 2;   /* pairs i/2 .. i/2+3 */
+            int j = 0;
+            for (; j + 4 <= bk; j += 4) {
+                __m512 acc[4][4];
+                for (int p = 0; p < 4; p++)
+                    for (int c = 0; c < 4; c++) acc[p][c] = _mm512_setzero_ps();
+                for (int64_t t = 0; t < D8; t += 8) {
+                    __m512 qv[4];
+                    for (int p = 0; p < 4; p++) qv[p] = _mm512_loadu_ps(pp + (size_t)p * D8 * 2 + t * 2);
+                    for (int c = 0; c < 4; c++) {
+                        const __m512 kv = _mm512_broadcast_f32x8(_mm256_loadu_ps(k + (j + c) * ld + t));
+                        for (int p = 0; p < 4; p++) acc[p][c] = _mm512_add_ps(acc[p][c], _mm512_mul_ps(qv[p], kv));
+                    }
+                }
+                for (int p = 0; p < 4; p++)
+                    for (int c = 0; c < 4; c++) {
+                        const float *q0 = q + (i + 2 * p) * ld, *q1 = q0 + ld, *kc = k + (j + c) * ld;
+                        float s0 = hsum_avx(_mm512_castps512_ps256(acc[p][c]));
+                        float s1 = hsum_avx(_mm512_extractf32x8_ps(acc[p][c], 1));
+                        for (int64_t t = D8; t < Dh; t++) {
+                            s0 += q0[t] * kc[t];
+                            s1 += q1[t] * kc[t];
+                        }
+                        S[(i + 2 * p) * ATT_BK + j + c] = scale * s0;
+                        S[(i + 2 * p + 1) * ATT_BK + j + c] = scale * s1;
+                    }
+            }
+            for (; j < bk; j++)
+                for (int r = 0; r < 8; r++)
+                    S[(i + r) * ATT_BK + j] = scale * dot(q + (i + r) * ld, k + j * ld, Dh);
+        }
+    }
+#endif
 #if defined(__AVX__)
     if (!ref)
         for (; i + 4 <= bq; i += 4) {
@@ -551,6 +589,34 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
             const float *p0 = S + (size_t)i * ATT_BK, *p1 = p0 + ATT_BK, *p2 = p1 + ATT_BK,
                         *p3 = p2 + ATT_BK;
             int d = 0;
+#if defined(__AVX512F__)
+            for (; d + 32 <= Dh; d += 32) {   /* the same chains, 16 columns per register */
+                __m512 c00 = _mm512_loadu_ps(o0 + d), c01 = _mm512_loadu_ps(o0 + d + 16);
+                __m512 c10 = _mm512_loadu_ps(o1 + d), c11 = _mm512_loadu_ps(o1 + d + 16);
+                __m512 c20 = _mm512_loadu_ps(o2 + d), c21 = _mm512_loadu_ps(o2 + d + 16);
+                __m512 c30 = _mm512_loadu_ps(o3 + d), c31 = _mm512_loadu_ps(o3 + d + 16);
+                for (int j = 0; j < bk; j++) {
+                    const float *vj = v + j * ld + d;
+                    __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), p;
+                    p = _mm512_set1_ps(p0[j]);
+                    c00 = _mm512_add_ps(c00, _mm512_mul_ps(p, v0));
+                    c01 = _mm512_add_ps(c01, _mm512_mul_ps(p, v1));
+                    p = _mm512_set1_ps(p1[j]);
+                    c10 = _mm512_add_ps(c10, _mm512_mul_ps(p, v0));
+                    c11 = _mm512_add_ps(c11, _mm512_mul_ps(p, v1));
+                    p = _mm512_set1_ps(p2[j]);
+                    c20 = _mm512_add_ps(c20, _mm512_mul_ps(p, v0));
+                    c21 = _mm512_add_ps(c21, _mm512_mul_ps(p, v1));
+                    p = _mm512_set1_ps(p3[j]);
+                    c30 = _mm512_add_ps(c30, _mm512_mul_ps(p, v0));
+                    c31 = _mm512_add_ps(c31, _mm512_mul_ps(p, v1));
+                }
+                _mm512_storeu_ps(o0 + d, c00); _mm512_storeu_ps(o0 + d + 16, c01);
+                _mm512_storeu_ps(o1 + d, c10); _mm512_storeu_ps(o1 + d + 16, c11);
+                _mm512_storeu_ps(o2 + d, c20); _mm512_storeu_ps(o2 + d + 16, c21);
+                _mm512_storeu_ps(o3 + d, c30); _mm512_storeu_ps(o3 + d + 16, c31);
+            }
+#endif
             for (; d + 16 <= Dh; d += 16) {
                 __m256 c00 = _mm256_loadu_ps(o0 + d), c01 = _mm256_loadu_ps(o0 + d + 8);
                 __m256 c10 = _mm256_loadu_ps(o1 + d), c11 = _mm256_loadu_ps(o1 + d + 8);
@@ -626,7 +692,19 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
     float *O = S + ATT_BQ * ATT_BK;              /* (bq, Dh) */
     float *m = O + (size_t)ATT_BQ * Dh;          /* (bq,) */
     float *l = m + ATT_BQ;                       /* (bq,) */
+    float *qp = l + ATT_BQ;                      /* (bq/2, Dh/8, 16) query pairs, MM_PACK only */
     const float *qh = c->q + i0 * ld + (int64_t)h * Dh;
+#if MM_PACK
+    if (!c->ref && Dh >= 8) {
+        const int64_t D8 = Dh / 8 * 8;
+        for (int p = 0; p + 1 < bq; p += 2)
+            for (int64_t t = 0; t < D8; t += 8) {
+                float *dst = qp + (size_t)(p / 2) * D8 * 2 + t * 2;
+                memcpy(dst, qh + p * ld + t, 8 * sizeof(float));
+                memcpy(dst + 8, qh + (p + 1) * ld + t, 8 * sizeof(float));
+            }
+    }
+#endif
     for (int i = 0; i < bq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
     memset(O, 0, sizeof(float) * (size_t)bq * Dh);
     for (int64_t j0 = 0; j0 < c->Nk; j0 += ATT_BK) {
@@ -634,7 +712,7 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
         const float *kh = c->k + j0 * ld + (int64_t)h * Dh;
         const float *vh = c->v + j0 * ld + (int64_t)h * Dh;
         const float *brow = c->bias ? c->bias + ((int64_t)h * c->Nq + i0) * c->Nk + j0 : NULL;
-        att_scores(qh, kh, ld, Dh, bq, bk, c->scale, brow, c->Nk, S, c->ref);
+        att_scores(qh, qp, kh, ld, Dh, bq, bk, c->scale, brow, c->Nk, S, c->ref);
         for (int i = 0; i < bq; i++) {
             float *Si = S + (size_t)i * ATT_BK;
             float mt = -INFINITY;
@@ -695,7 +773,7 @@ int op_attention(h3r_pool *p, float *out, const float *q, const float *k, const 
                           "(need Nq >= 0, Nk, H, Dh >= 1)", (long long)Nq, (long long)Nk, H, Dh);
     if (Nq == 0) return 0;
     int nth = h3r_pool_size(p);
-    size_t per = (size_t)ATT_BQ * ATT_BK + (size_t)ATT_BQ * Dh + 2 * ATT_BQ;
+    size_t per = (size_t)ATT_BQ * ATT_BK + 2 * (size_t)ATT_BQ * Dh + 2 * ATT_BQ;   /* S, O, qp, m, l */
     float *scratch = malloc((size_t)nth * per * sizeof(float));
     if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "attention: out of memory (Dh=%d, %d threads)", Dh, nth);
     att_ctx c = {out, q, k, v, bias, Nq, Nk, H, Dh, scale, (Nq + ATT_BQ - 1) / ATT_BQ, scratch, per,
