@@ -26,6 +26,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from h3render.procs import pid_alive
 from h3render.queue.errors import RedisUnavailableError
 
 START_TIMEOUT_S = 15.0
@@ -237,24 +238,10 @@ class EmbeddedRedis:
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self._ping() is None and (pid is None or not _alive(pid)):
+            if self._ping() is None and (pid is None or not pid_alive(pid)):
                 return True
             time.sleep(0.05)
         raise RedisUnavailableError(f"redis-server pid {pid} did not stop within {STOP_TIMEOUT_S:.0f} s")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
 
 
 def embedded(settings) -> EmbeddedRedis:

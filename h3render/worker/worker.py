@@ -39,6 +39,7 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker import SpawnWorker
 
+from h3render.procs import pid_alive
 from h3render.queue.job import JobPhase
 from h3render.settings import Settings
 from h3render.worker.health import Decision, Readings, decide
@@ -73,21 +74,6 @@ def publish_health(r: redis.Redis, host: str, decision: Decision, worker: str,
     pipe.ltrim(HEALTH_HISTORY_KEY.format(host=host), -history_len, -1)
     pipe.execute()
     return doc
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if `pid` runs on this host (a zombie, which no init reaped, counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 class H3Worker(SpawnWorker):
@@ -131,7 +117,7 @@ class H3Worker(SpawnWorker):
         except ValueError:
             other = {}
         pid, name = int(other.get("pid", 0) or 0), other.get("name", "?")
-        alive = pid > 0 and _pid_alive(pid)
+        alive = pid > 0 and pid_alive(pid)
         if alive and not self.force:
             raise WorkerLockedError(
                 f"another h3render worker ({name}, pid {pid}) already runs on {self.host} "
@@ -159,7 +145,7 @@ class H3Worker(SpawnWorker):
             info = self.connection.hgetall(SCHEDULER_KEY_TEMPLATE % holder.decode())
             host = (info.get(b"hostname") or b"").decode()
             pid = int(info.get(b"pid") or 0)
-            if not info or (host == self.host and pid and not _pid_alive(pid)):
+            if not info or (host == self.host and pid and not pid_alive(pid)):
                 self.connection.delete(key)
                 log.warning("removed the scheduler lock of a dead scheduler (pid %s)", pid)
 
@@ -204,7 +190,7 @@ class H3Worker(SpawnWorker):
                     continue
                 h = dict(job.meta.get("h3r") or {})
                 pid = int(h.get("pid") or 0)
-                if pid and h.get("host") == self.host and _pid_alive(pid):
+                if pid and h.get("host") == self.host and pid_alive(pid):
                     continue
                 h.update(error=f"worker lost: {reason}", engine_error=h.get("engine_error", ""),
                          state=JobPhase.queued.value if job.retries_left else JobPhase.failed.value)
