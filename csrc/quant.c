@@ -21,6 +21,18 @@
 #endif
 #include "quant.h"
 
+/* AVX-512 (BW, VNNI) builds: the GEMV kernels take two blocks per 512-bit
+ * step, and every x86 dot kernel keeps four f32 chains over the blocks
+ * (block b feeds chain b mod 4) instead of two, so one row is not bound by
+ * the FMA latency. The chains are summed as ((c0 + c2) + (c1 + c3)). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && \
+    defined(__FMA__)
+#define H3R_AVX512_GEMV 1
+#define GEMV_MAX_NB 512   /* K <= 16384 takes the AVX-512 Q8_0/Q4_0 GEMV (37 KiB of stack) */
+#else
+#define H3R_AVX512_GEMV 0
+#endif
+
 /* ---------------------------------------------------------------- helpers */
 
 /* Half -> float, using the hardware conversion where there is one. */
@@ -444,7 +456,22 @@ vec_dot_t(const int type, int64_t nb, const void *w, const blk_q8x *const *x, in
     {
         /* two accumulators per row, even and odd blocks, so one row (GEMV) is
          * not bound by the FMA latency; summed lane-wise, then the lane tree */
-        __m256 ve[4], vo[4];
+#if H3R_AVX512_GEMV
+        __m256 c0[4], c1[4], c2[4], c3[4];   /* chains b mod 4 (32 registers with AVX-512VL) */
+        for (int r = 0; r < 4; r++) c0[r] = c1[r] = c2[r] = c3[r] = _mm256_setzero_ps();
+        for (; b + 4 <= nb; b += 4) {
+            vec_dot_block_avx2(type, w, b, x, nr, c0);
+            vec_dot_block_avx2(type, w, b + 1, x, nr, c1);
+            vec_dot_block_avx2(type, w, b + 2, x, nr, c2);
+            vec_dot_block_avx2(type, w, b + 3, x, nr, c3);
+        }
+        if (b < nb) vec_dot_block_avx2(type, w, b++, x, nr, c0);
+        if (b < nb) vec_dot_block_avx2(type, w, b++, x, nr, c1);
+        if (b < nb) vec_dot_block_avx2(type, w, b++, x, nr, c2);
+        for (int r = 0; r < nr; r++)
+            acc[r] = hsum8(_mm256_add_ps(_mm256_add_ps(c0[r], c2[r]), _mm256_add_ps(c1[r], c3[r])));
+#else
+        __m256 ve[4], vo[4];   /* chains b mod 2 */
         for (int r = 0; r < 4; r++) ve[r] = vo[r] = _mm256_setzero_ps();
         for (; b + 2 <= nb; b += 2) {
             vec_dot_block_avx2(type, w, b, x, nr, ve);
@@ -452,6 +479,7 @@ vec_dot_t(const int type, int64_t nb, const void *w, const blk_q8x *const *x, in
         }
         if (b < nb) vec_dot_block_avx2(type, w, b++, x, nr, ve);
         for (int r = 0; r < nr; r++) acc[r] = hsum8(_mm256_add_ps(ve[r], vo[r]));
+#endif
     }
 #elif defined(__ARM_NEON)
     {
@@ -510,9 +538,7 @@ void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int n
 #define QPF_BYTES 4096   /* software prefetch distance in the weight stream (measured best of 0.5-4 KiB) */
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__FMA__)
-#define H3R_AVX512_GEMV 1
-#define GEMV_MAX_NB 512   /* K <= 16384 takes the AVX-512 Q8_0/Q4_0 GEMV (37 KiB of stack) */
+#if H3R_AVX512_GEMV
 /*
  * AVX-512 GEMV, two blocks per step: blocks b (even) and b+1 (odd) side by
  * side in one 512-bit register, so the low 256 bits carry exactly the even-
@@ -528,17 +554,13 @@ static inline __m512 scale_pair(uint16_t d0, float xd0, uint16_t d1, float xd1) 
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
 }
 
-/* Low 256 bits + high 256 bits, then the hsum8 tree. */
-static inline float hsum_pair(__m512 v) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
 
 /* One activation row laid out for the GEMV: block qs contiguous (a pair of
  * blocks is one 64-byte load), the scales contiguous (8 at a time), and for
- * Q4_0 the lanes 8 . a (the nibble offset) computed once for every row. */
+ * Q4_0 the lanes -(8 . a) (the nibble offset) computed once for every row. */
 typedef struct {
     _Alignas(64) int8_t qs[GEMV_MAX_NB * 32];
-    _Alignas(64) int32_t a8[GEMV_MAX_NB * 8];
+    _Alignas(64) int32_t na8[GEMV_MAX_NB * 8];   /* -(8 . a) lanes, the start of each Q4_0 dot */
     float xd[GEMV_MAX_NB];
 } gemv_act;
 
@@ -547,13 +569,45 @@ static void gemv_act_fill(int type, int64_t nb, const blk_q8x *x, gemv_act *g) {
         const __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
         _mm256_store_si256((__m256i *)(g->qs + 32 * b), a);
         if (type == GGML_TYPE_Q4_0)
-            _mm256_store_si256((__m256i *)(g->a8 + 8 * b), dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a));
+            _mm256_store_si256((__m256i *)(g->na8 + 8 * b),
+                               _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a)));
         g->xd[b] = x[b].d;
     }
 }
 
-/* The 8 f16 scales d of blocks p[0..7] (stride `stride` bytes) as floats. */
+/* The 8 f16 scales d of blocks p[0..7] (stride `stride`: 18 for Q4_0, 34
+ * for Q8_0) as floats, converted exactly. With AVX-512 VBMI the 16 scale
+ * bytes are picked out of the 8 blocks (144 / 272 bytes, all read inside the
+ * blocks) by two-table byte permutes; otherwise one insert per block. */
 static inline __m256 fp16x8(const uint8_t *p, size_t stride) {
+#if defined(__AVX512VBMI__)
+    if (stride == sizeof(blk_q4_0)) {
+        const __m512i idx = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            127, 126, 109, 108, 91, 90, 73, 72, 55, 54, 37, 36, 19, 18, 1, 0);
+        const __m512i h = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)p), idx,
+                                                   _mm512_loadu_si512((const void *)(p + 64)));
+        return _mm256_cvtph_ps(_mm512_castsi512_si128(h));
+    }
+    if (stride == sizeof(blk_q8_0)) {
+        /* blocks 0-3: d at 0, 34, 68, 102 (bytes 0-127); blocks 4-7: 136 .. 238 (128-255) */
+        const __m512i i0 = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 0, 0, 0, 0, 0, 0, 103, 102, 69, 68, 35, 34, 1, 0);
+        const __m512i i1 = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                           111, 110, 77, 76, 43, 42, 9, 8, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m512i lo = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)p), i0,
+                                                    _mm512_loadu_si512((const void *)(p + 64)));
+        const __m512i hi = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(p + 128)), i1,
+                                                    _mm512_loadu_si512((const void *)(p + 192)));
+        return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi8((__mmask64)0xFF00, lo, hi)));
+    }
+#endif
     __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)p);
     h = _mm_insert_epi16(h, *(const uint16_t *)(p + 1 * stride), 1);
     h = _mm_insert_epi16(h, *(const uint16_t *)(p + 2 * stride), 2);
@@ -581,6 +635,19 @@ pair_isum_512(const int type, const uint8_t *w, int64_t b, const gemv_act *g) {
         const __m512i as = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(wq), zero, a);
         return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wq), as);
     }
+#if defined(__AVX512VBMI__)
+    /* the two blocks' 36 bytes in one masked load (no access past them), qs
+     * bytes spread by one byte permute: [qs_b, qs_b, qs_b+1, qs_b+1], then
+     * the second copy of each shifted to its upper nibbles */
+    const __m512i raw = _mm512_maskz_loadu_epi8((__mmask64)0xFFFFFFFFFull, w + b * sizeof(blk_q4_0));
+    const __m512i spread = _mm512_permutexvar_epi8(
+        _mm512_set_epi8(35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+                        35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+                        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2), raw);
+    const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(spread, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)),
+                                       _mm512_set1_epi8(0x0F));
+#else
     const blk_q4_0 *p = (const blk_q4_0 *)w + b;
     const __m256i shift = _mm256_set_epi64x(4, 4, 0, 0);   /* high 128 bits: upper nibbles */
     const __m256i q0 = _mm256_srlv_epi64(
@@ -589,7 +656,8 @@ pair_isum_512(const int type, const uint8_t *w, int64_t b, const gemv_act *g) {
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p[1].qs)), shift);
     const __m512i q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1),
                                        _mm512_set1_epi8(0x0F));
-    return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, a), _mm512_load_si512((const void *)(g->a8 + 8 * b)));
+#endif
+    return _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(g->na8 + 8 * b)), q, a);
 }
 
 /*
@@ -601,7 +669,7 @@ static inline __attribute__((always_inline)) float
 vec_dot_row1_512(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x, const gemv_act *g) {
     const float *xd = g->xd;
     const size_t bs = type == GGML_TYPE_Q8_0 ? sizeof(blk_q8_0) : sizeof(blk_q4_0);
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();   /* chains 0|1 and 2|3 */
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         _mm_prefetch((const char *)w + b * bs + QPF_BYTES, _MM_HINT_T0);
@@ -617,16 +685,21 @@ vec_dot_row1_512(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x,
                                                  2 * t + 1, 2 * t + 1, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t,
                                                  2 * t, 2 * t);
             const __m512i is = pair_isum_512(type, w, b + 2 * t, g);
-            acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, s8), _mm512_cvtepi32_ps(is), acc);
+            const __m512 term = _mm512_cvtepi32_ps(is);
+            if (t % 2 == 0) acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, s8), term, acc0);
+            else acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, s8), term, acc1);
         }
     }
     for (; b + 2 <= nb; b += 2) {
         const uint16_t d0 = *(const uint16_t *)(w + b * bs), d1 = *(const uint16_t *)(w + (b + 1) * bs);
         const __m512i is = pair_isum_512(type, w, b, g);
-        acc = _mm512_fmadd_ps(scale_pair(d0, x[b].d, d1, x[b + 1].d), _mm512_cvtepi32_ps(is), acc);
+        const __m512 sc = scale_pair(d0, x[b].d, d1, x[b + 1].d);
+        if ((b & 2) == 0) acc0 = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(is), acc0);
+        else acc1 = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(is), acc1);
     }
-    __m256 even = _mm512_castps512_ps256(acc), odd = _mm512_extractf32x8_ps(acc, 1);
-    if (b < nb) {   /* one even block left: as the AVX2 kernel adds it to the even chain */
+    __m256 c0 = _mm512_castps512_ps256(acc0), c1 = _mm512_extractf32x8_ps(acc0, 1);
+    __m256 c2 = _mm512_castps512_ps256(acc1), c3 = _mm512_extractf32x8_ps(acc1, 1);
+    if (b < nb) {   /* one block left (b even): chain b mod 4, as in vec_dot */
         const __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
         float dw;
         __m256i is;
@@ -642,15 +715,17 @@ vec_dot_row1_512(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x,
                                   dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a));
             dw = fp16(p->d);
         }
-        even = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[b].d), _mm256_cvtepi32_ps(is), even);
+        const __m256 sc = _mm256_set1_ps(dw * x[b].d);
+        if ((b & 2) == 0) c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
+        else c2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c2);
     }
-    return hsum8(_mm256_add_ps(even, odd));
+    return hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
 }
 
 /* Q6_K weight row . one activation row: sub-blocks 2i (even) and 2i+1 (odd)
  * of a super-block per step. */
 static inline float vec_dot_row1_q6k_512(int64_t nb, const uint8_t *w, const blk_q8x *x) {
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};   /* chains 0|1 and 2|3 */
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
     const __m512i c32 = _mm512_set1_epi8(32);
     const __m512i shl01 = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);   /* s = 0: << 4, s = 1: << 2 */
@@ -685,24 +760,20 @@ static inline float vec_dot_row1_q6k_512(int64_t nb, const uint8_t *w, const blk
                 is = _mm512_mullo_epi32(is, _mm512_permutexvar_epi32(idx, sc));
                 const __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(dw * xs[j].d)),
                                                      _mm256_set1_ps(dw * xs[j + 1].d), 1);
-                acc = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(is), acc);
+                acc[t] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(is), acc[t]);   /* j mod 4 = 2t */
             }
         }
     }
-    return hsum_pair(acc);
+    const __m256 c0 = _mm512_castps512_ps256(acc[0]), c1 = _mm512_extractf32x8_ps(acc[0], 1);
+    const __m256 c2 = _mm512_castps512_ps256(acc[1]), c3 = _mm512_extractf32x8_ps(acc[1], 1);
+    return hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
 }
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && !H3R_AVX512_GEMV   /* 2 chains, as vec_dot without AVX-512 */
 static inline __attribute__((always_inline)) void
 vec_dot_row1_t(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x, float *out) {
     __m256 va[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};   /* even, odd blocks */
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-#if H3R_AVX512_GEMV
-    if (type == GGML_TYPE_Q6_K) {
-        *out = vec_dot_row1_q6k_512(nb, w, x);
-        return;
-    }
-#endif
     if (type == GGML_TYPE_Q8_0) {
 #define Q8_STEP(b, acc)                                                                           \
         do {                                                                                      \
@@ -809,8 +880,13 @@ void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw,
                                             : vec_dot_row1_512(GGML_TYPE_Q4_0, nb, wb + r * row_bytes, x, &g);
         return;
     }
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
+    if (type == GGML_TYPE_Q6_K) {
+        for (int r = 0; r < nw; r++) out[r] = vec_dot_row1_q6k_512(nb, wb + r * row_bytes, x);
+        return;
+    }
+    const blk_q8x *xs1[1] = {x};   /* long Q8_0/Q4_0 rows: the 4-chain AVX2 kernel */
+    for (int r = 0; r < nw; r++) vec_dot(type, nb, wb + (size_t)r * row_bytes, xs1, 1, out + r);
+#elif defined(__AVX2__) && defined(__FMA__)
     for (int r = 0; r < nw; r++) {
         switch (type) {
         case GGML_TYPE_Q8_0: vec_dot_row1_t(GGML_TYPE_Q8_0, nb, wb + r * row_bytes, x, out + r); break;
