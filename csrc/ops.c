@@ -223,6 +223,47 @@ static void dots_f16_1x4_avx(const float *x, const uint16_t *w, int64_t ldw, int
     for (int r = 0; r < 4; r++)
         for (int64_t t = k; t < K; t++) s[r] += x[t] * h3r_f16_to_f32(ws[r][t]);
 }
+
+/* The same for 4 F32 weight rows (one 64-byte line per 16 floats): 4 chains
+ * instead of one latency-bound chain per row, bit-identical to dot_ref. */
+static void dots_f32_1x4_avx(const float *x, const float *w, int64_t ldw, int64_t K, float s[4]) {
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();   /* rows 0|1, 2|3 */
+    for (; k + 16 <= K; k += 16) {
+        _mm_prefetch((const char *)(w0 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w1 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w2 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w3 + k) + GEMV_PF_BYTES, _MM_HINT_T0);
+        for (int64_t kk = k; kk < k + 16; kk += 8) {
+            const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + kk));
+            const __m512 v01 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w0 + kk)),
+                                                  _mm256_loadu_ps(w1 + kk), 1);
+            const __m512 v23 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w2 + kk)),
+                                                  _mm256_loadu_ps(w3 + kk), 1);
+            a01 = _mm512_add_ps(a01, _mm512_mul_ps(u, v01));
+            a23 = _mm512_add_ps(a23, _mm512_mul_ps(u, v23));
+        }
+    }
+    a0 = _mm512_castps512_ps256(a01);
+    a1 = _mm512_extractf32x8_ps(a01, 1);
+    a2 = _mm512_castps512_ps256(a23);
+    a3 = _mm512_extractf32x8_ps(a23, 1);
+#endif
+    for (; k + 8 <= K; k += 8) {
+        __m256 u = _mm256_loadu_ps(x + k);
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(u, _mm256_loadu_ps(w0 + k)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(u, _mm256_loadu_ps(w1 + k)));
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(u, _mm256_loadu_ps(w2 + k)));
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(u, _mm256_loadu_ps(w3 + k)));
+    }
+    s[0] = hsum_avx(a0); s[1] = hsum_avx(a1); s[2] = hsum_avx(a2); s[3] = hsum_avx(a3);
+    const float *ws[4] = {w0, w1, w2, w3};
+    for (int r = 0; r < 4; r++)
+        for (int64_t t = k; t < K; t++) s[r] += x[t] * ws[r][t];
+}
 #endif
 
 #if defined(__AVX512F__)
@@ -292,17 +333,18 @@ static void matmul_worker(void *arg, int ith, int nth) {
     float *buf = c->scratch + (size_t)ith * (MM_PACK + 1) * MM_JB * K;
     const float *rows[MM_JB];
 #if defined(__AVX__) && defined(__F16C__)
-    /* Fewer rows than a register tile (the GEMV of one token): F16 weights
-     * stream straight from the mapping, 4 rows at a time, no scratch. F32
-     * rows are read in place one after the other by the loop below (a single
-     * chain keeps up with memory there). */
-    if (!ref && c->N < MM_NB && c->W->type == GGML_TYPE_F16) {
-        const uint16_t *W16 = c->W->data;
+    /* Fewer rows than a register tile (the GEMV of one token): F16 and F32
+     * weights stream straight from the mapping, 4 rows at a time (4 chains),
+     * no scratch. */
+    if (!ref && c->N < MM_NB) {
         int64_t j = j0;
         for (; j + 4 <= j1; j += 4)
             for (int64_t n = 0; n < c->N; n++) {
                 float s[4];
-                dots_f16_1x4_avx(c->x + n * K, W16 + j * K, K, K, s);
+                if (c->W->type == GGML_TYPE_F16)
+                    dots_f16_1x4_avx(c->x + n * K, (const uint16_t *)c->W->data + j * K, K, K, s);
+                else
+                    dots_f32_1x4_avx(c->x + n * K, (const float *)c->W->data + j * K, K, K, s);
                 for (int r = 0; r < 4; r++) c->y[n * M + j + r] = c->b ? s[r] + c->b[j + r] : s[r];
             }
         for (; j < j1; j++) {
