@@ -448,14 +448,15 @@ static void qmm_worker(void *arg, int ith, int nth) {
                 for (int r = 0; r < nr; r++) c->y[(n + r) * M + j] = c->b ? s[r] + c->b[j] : s[r];
             }
         }
-        for (int64_t n = N4; n < N; n++)
-            for (int64_t j = jb; j < je; j += 4) {
-                int nw = je - j < 4 ? (int)(je - j) : 4;
-                float s[4];
-                vec_dot_rows(c->type, nb, c->w + (size_t)j * c->row_bytes, c->row_bytes, nw,
-                             c->xq + n * nb, s);
-                for (int r = 0; r < nw; r++) c->y[n * M + j + r] = c->b ? s[r] + c->b[j + r] : s[r];
-            }
+    }
+    /* one call per left-over row over the whole chunk: the weights stream
+     * once, the activation row is laid out once */
+    for (int64_t n = N4; n < N && j1 > j0; n++) {
+        float *yr = c->y + n * M;
+        vec_dot_rows(c->type, nb, c->w + (size_t)j0 * c->row_bytes, c->row_bytes, (int)(j1 - j0),
+                     c->xq + n * nb, yr + j0);
+        if (c->b)
+            for (int64_t j = j0; j < j1; j++) yr[j] += c->b[j];
     }
 }
 

@@ -557,10 +557,11 @@ static inline __m512 scale_pair(uint16_t d0, float xd0, uint16_t d1, float xd1) 
 
 /* One activation row laid out for the GEMV: block qs contiguous (a pair of
  * blocks is one 64-byte load), the scales contiguous (8 at a time), and for
- * Q4_0 the lanes -(8 . a) (the nibble offset) computed once for every row. */
+ * Q4_0 / Q6_K the lanes -(o . a) (the offset o = 8 / 32 of the unsigned
+ * weights) computed once for every row. */
 typedef struct {
     _Alignas(64) int8_t qs[GEMV_MAX_NB * 32];
-    _Alignas(64) int32_t na8[GEMV_MAX_NB * 8];   /* -(8 . a) lanes, the start of each Q4_0 dot */
+    _Alignas(64) int32_t na8[GEMV_MAX_NB * 8];   /* -(o . a) lanes, the start of each Q4_0 / Q6_K dot */
     float xd[GEMV_MAX_NB];
 } gemv_act;
 
@@ -568,10 +569,11 @@ static void gemv_act_fill(int type, int64_t nb, const blk_q8x *x, gemv_act *g) {
     for (int64_t b = 0; b < nb; b++) {
         const __m256i a = _mm256_loadu_si256((const __m256i *)x[b].qs);
         _mm256_store_si256((__m256i *)(g->qs + 32 * b), a);
-        if (type == GGML_TYPE_Q4_0)
+        if (type != GGML_TYPE_Q8_0)   /* Q4_0: o = 8, Q6_K: o = 32 */
             _mm256_store_si256((__m256i *)(g->na8 + 8 * b),
                                _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(8), a)));
+                                                dpbusd(_mm256_setzero_si256(),
+                                                       _mm256_set1_epi8(type == GGML_TYPE_Q4_0 ? 8 : 32), a)));
         g->xd[b] = x[b].d;
     }
 }
@@ -724,20 +726,20 @@ vec_dot_row1_512(const int type, int64_t nb, const uint8_t *w, const blk_q8x *x,
 
 /* Q6_K weight row . one activation row: sub-blocks 2i (even) and 2i+1 (odd)
  * of a super-block per step. */
-static inline float vec_dot_row1_q6k_512(int64_t nb, const uint8_t *w, const blk_q8x *x) {
+static inline float vec_dot_row1_q6k_512(int64_t nb, const uint8_t *w, const gemv_act *g) {
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};   /* chains 0|1 and 2|3 */
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
-    const __m512i c32 = _mm512_set1_epi8(32);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl01 = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);   /* s = 0: << 4, s = 1: << 2 */
     const __m512i shr23 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);   /* s = 2: >> 0, s = 3: >> 2 */
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         const blk_q6_k *p = (const blk_q6_k *)w + sb;
-        const blk_q8x *xs = x + 8 * sb;
         _mm_prefetch((const char *)p + QPF_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)p + QPF_BYTES + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)p + QPF_BYTES + 128, _MM_HINT_T0);
         _mm_prefetch((const char *)p + QPF_BYTES + 192, _MM_HINT_T0);
-        const float dw = fp16(p->d);
+        /* dw * dx of the 8 sub-blocks, the same f32 products as the scalar ones */
+        const __m512 s8 = _mm512_castps256_ps512(
+            _mm256_mul_ps(_mm256_set1_ps(fp16(p->d)), _mm256_loadu_ps(g->xd + 8 * sb)));
         const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p->scales)); /* (16) */
         for (int h = 0; h < 2; h++) {
             const __m512i ql = _mm512_loadu_si512((const void *)(p->ql + 64 * h));   /* ql0 | ql1 */
@@ -749,18 +751,18 @@ static inline float vec_dot_row1_q6k_512(int64_t nb, const uint8_t *w, const blk
                                    _mm512_and_si512(_mm512_srlv_epi64(qh, shr23), m30));       /* s 2 | 3 */
             for (int t = 0; t < 2; t++) {
                 const int j = 4 * h + 2 * t;   /* sub-blocks j (even) and j + 1 (odd) */
-                const __m512i a = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xs[j].qs)),
-                    _mm256_loadu_si256((const __m256i *)xs[j + 1].qs), 1);
+                const int64_t bj = 8 * sb + j;
+                const __m512i a = _mm512_load_si512((const void *)(g->qs + 32 * bj));
                 /* lanes 0-3 scale 2j, 4-7 2j+1, 8-11 2j+2, 12-15 2j+3 */
                 const __m512i idx = _mm512_add_epi32(
                     _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi32(2 * j));
-                __m512i is = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q[t], a),
-                                              _mm512_dpbusd_epi32(zero, c32, a));
+                /* sub-block j in lanes 0-7, j + 1 in lanes 8-15 */
+                const __m512i sidx = _mm512_set_epi32(j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1,
+                                                      j, j, j, j, j, j, j, j);
+                __m512i is = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(g->na8 + 8 * bj)), q[t], a);
                 is = _mm512_mullo_epi32(is, _mm512_permutexvar_epi32(idx, sc));
-                const __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(dw * xs[j].d)),
-                                                     _mm256_set1_ps(dw * xs[j + 1].d), 1);
-                acc[t] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(is), acc[t]);   /* j mod 4 = 2t */
+                acc[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(sidx, s8), _mm512_cvtepi32_ps(is),
+                                         acc[t]);   /* j mod 4 = 2t */
             }
         }
     }
@@ -880,11 +882,13 @@ void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw,
                                             : vec_dot_row1_512(GGML_TYPE_Q4_0, nb, wb + r * row_bytes, x, &g);
         return;
     }
-    if (type == GGML_TYPE_Q6_K) {
-        for (int r = 0; r < nw; r++) out[r] = vec_dot_row1_q6k_512(nb, wb + r * row_bytes, x);
+    if (type == GGML_TYPE_Q6_K && nb <= GEMV_MAX_NB) {
+        gemv_act g;
+        gemv_act_fill(type, nb, x, &g);
+        for (int r = 0; r < nw; r++) out[r] = vec_dot_row1_q6k_512(nb, wb + r * row_bytes, &g);
         return;
     }
-    const blk_q8x *xs1[1] = {x};   /* long Q8_0/Q4_0 rows: the 4-chain AVX2 kernel */
+    const blk_q8x *xs1[1] = {x};   /* long rows: the 4-chain AVX2 kernel */
     for (int r = 0; r < nw; r++) vec_dot(type, nb, wb + (size_t)r * row_bytes, xs1, 1, out + r);
 #elif defined(__AVX2__) && defined(__FMA__)
     for (int r = 0; r < nw; r++) {
