@@ -251,9 +251,12 @@ class Bridge:
             if row.preview_step is not None and row.preview_step != last_preview:
                 last_preview = row.preview_step
                 image = self.preview_image(job_id)
-            if row.step is not None and row.steps and ((row.step, row.steps) != last_progress or image is not None):
-                last_progress = (row.step, row.steps)
-                hooks.progress(row.step, row.steps, image)
+            # The engine hands over step i's preview just before it reports step i as
+            # done, so a new preview may be one step ahead of the recorded step.
+            done = max(row.step or 0, row.preview_step or 0) if row.step is not None else None
+            if done is not None and row.steps and ((done, row.steps) != last_progress or image is not None):
+                last_progress = (done, row.steps)
+                hooks.progress(done, row.steps, image)
             state = JobPhase(row.state)
             if state == JobPhase.finished:
                 return row
