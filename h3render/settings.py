@@ -17,28 +17,16 @@ DAY_S = 24 * 3600
 
 
 def default_home() -> Path:
-    """$H3RENDER_HOME, else the platform's user data dir (h3render.paths when present)."""
-    try:
-        from h3render import paths  # the pyengine engineer's module; functions only
+    """$H3RENDER_HOME, else the platform's user data dir."""
+    from h3render import paths
 
-        for name in ("home", "home_dir", "h3render_home"):
-            fn = getattr(paths, name, None)
-            if callable(fn):
-                return Path(fn())
-    except ImportError:
-        pass
-    import os
-
-    import platformdirs
-
-    env = os.environ.get("H3RENDER_HOME")
-    return Path(env) if env else Path(platformdirs.user_data_dir("h3render"))
+    return paths.home()
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="H3RENDER_", extra="ignore")
 
-    # ---- Redis and queue (queue engineer) ----
+    # ---- Redis and queue ----
     redis_url: str | None = Field(
         None, description="redis://host:port/db of a Redis to use; None starts the embedded server"
     )
@@ -86,7 +74,7 @@ class Settings(BaseSettings):
     admission_wait_limit_s: float = Field(1800.0, ge=0)
     admission_poll_s: float = Field(30.0, gt=0)
 
-    # ---- Worker engineer's additions below this line ----
+    # ---- Worker: gate, admission, pauses, lock ----
     # Swap counts only once this much is in use (macOS grows swap files on demand,
     # so a small swap is often "mostly used" without any pressure).
     gate_swap_used_min_bytes: int = Field(1024**3, ge=0)
@@ -99,7 +87,7 @@ class Settings(BaseSettings):
     thermal_pause_max_s: float = Field(3600.0, ge=0, description="then fail retryably")
     # Seconds a worker's host lock lives without a refresh (one worker per host+Redis).
     worker_lock_ttl_s: int = Field(60, gt=5)
-    # ---- end of worker engineer's additions ----
+
 
     @field_validator("retry_intervals_s")
     @classmethod
