@@ -431,6 +431,26 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
             first = 0;
         }
     }
+    static const char *str_keys[] = {"negative_prompt", "sampler"};
+    const gguf_file *g0 = e->n_dit ? e->dit[0].file : e->n_te ? e->te[0].file : NULL;
+    for (size_t i = 0; g0 && i < sizeof(str_keys) / sizeof(str_keys[0]); i++) {
+        char key[64];
+        const char *v;
+        size_t vlen;
+        snprintf(key, sizeof(key), "h3r.pipeline.%s", str_keys[i]);
+        if (!gguf_has_key(g0, key) || gguf_get_str(g0, key, &v, &vlen) != 0 || vlen > 4000) continue;
+        char *copy = malloc(vlen + 1); /* GGUF strings are not NUL-terminated */
+        if (!copy) {
+            r = -1;
+            break;
+        }
+        memcpy(copy, v, vlen);
+        copy[vlen] = 0;
+        r |= appendf(&b, &len, &cap, "%s\"%s\":", first ? "" : ",", str_keys[i]);
+        r |= append_json_str(&b, &len, &cap, copy);
+        free(copy);
+        first = 0;
+    }
     r |= appendf(&b, &len, &cap, "}}");
     if (r) {
         free(b);

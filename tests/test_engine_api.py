@@ -53,6 +53,9 @@ def test_info_describes_model_and_rules(engine):
     # f16 files are smaller than f32 ones
     assert info["weight_bytes"]["f16"] < info["weight_bytes"]["f32"]
     assert all(info["components"].values())
+    # the pipeline's text defaults come through too (jobs and `run` use them)
+    assert info["defaults"]["negative_prompt"] == "blurry, static, low quality, dark"
+    assert info["defaults"]["sampler"] == "unipc"
 
 
 def test_open_missing_dir_names_it(tmp_path):
