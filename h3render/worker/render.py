@@ -46,6 +46,49 @@ PHASE_STATE = {"load": JobPhase.loading, "encode": JobPhase.encoding,
 THERMAL_CHECK_MIN_S = 2.0  # at most one sensor read per this many seconds during a render
 
 
+def refusal(job) -> str | None:
+    """Why an rq job must not run here, or None when it may.
+
+    A job may run only when it names ALLOWED_FUNC (not a method of some instance),
+    passes nothing but the payload (kwargs {"job": dict}, or one dict positionally),
+    and carries no success/failure/stopped callback and no webhook: rq imports and
+    calls callbacks by name too, and our enqueue never sets any of them. Data that
+    is not readable JSON is refused as well. Used by the worker before it spawns the
+    render process and again by that process on the job it fetched itself (someone
+    who can write to Redis could swap the job in between). Reads only `job`.
+    """
+    try:
+        func, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
+    except Exception as e:  # noqa: BLE001 - rq's DeserializationError, bad JSON, ...
+        return (f"refused: job {job.id}'s data cannot be read as a JSON job ({type(e).__name__}); "
+                f"this worker runs only {ALLOWED_FUNC}")
+    if func != ALLOWED_FUNC:
+        return f"refused: job {job.id} names function {func!r}; this worker runs only {ALLOWED_FUNC}"
+    if instance is not None:
+        return (f"refused: job {job.id} calls {func!r} on an instance ({type(instance).__name__}); "
+                "a render job names the module function only")
+    one_dict = ((not args and set(kwargs or {}) == {"job"} and isinstance(kwargs["job"], dict))
+                or (len(args or ()) == 1 and not kwargs and isinstance(args[0], dict)))
+    if not one_dict:
+        return (f"refused: job {job.id} passes args={_short(args)} kwargs={_short(kwargs)} to "
+                f"{func}; allowed: the payload only, as kwargs {{'job': {{...}}}}")
+    hooks = {"success callback": getattr(job, "_success_callback_name", None),
+             "failure callback": getattr(job, "_failure_callback_name", None),
+             "stopped callback": getattr(job, "_stopped_callback_name", None)}
+    named = {k: v for k, v in hooks.items() if v}
+    if named:
+        return (f"refused: job {job.id} names {', '.join(f'{k} {v!r}' for k, v in named.items())}; "
+                "render jobs carry no callbacks")
+    if getattr(job, "webhooks", None):
+        return f"refused: job {job.id} carries {len(job.webhooks)} webhook(s); render jobs carry none"
+    return None
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class JobError(Exception):
     """A render failed; `retryable` says whether rq may try again."""
 

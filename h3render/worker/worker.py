@@ -5,8 +5,15 @@
                 gate is closed keep heartbeating with the reason as the worker's
                 state; it reopens by itself. Idle dequeues are cut into gate_poll_s
                 slices so a worker waiting for jobs re-checks the machine too.
-    allowlist   a job whose func is not h3render.worker.render.render_job is failed
-                without spawning anything (no retry).
+    allowlist   a job the allowlist refuses (h3render.worker.render.refusal: another
+                function, extra arguments, callbacks or webhooks) is failed without
+                spawning anything (no retry). The render process is our own
+                (`horse_main`, not rq's spawn script): it fetches the job from Redis
+                again and checks it again before running it, since anyone who can
+                write to Redis could swap the job between the two reads. Jobs are
+                AllowlistJob everywhere in the worker, so rq's own paths (the
+                abandoned-job cleanup runs failure callbacks in the worker process)
+                never import a function a job names unless it is the allowed one.
     one per host  "h3render:worker-lock:<host>" holds {name, pid}; a second worker on
                 the same host and Redis refuses to start unless forced. A lock whose
                 pid is dead is stale: the new worker takes it and recovers the jobs
@@ -29,21 +36,23 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 
 import redis
 from rq import Queue
+from rq.connections import get_connection_kwargs
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
-from rq.worker import SpawnWorker
+from rq.worker import SpawnWorker, Worker
 
 from h3render.procs import pid_alive
 from h3render.queue.job import JobPhase
 from h3render.settings import Settings
 from h3render.worker.health import Decision, Readings, decide
-from h3render.worker.render import ALLOWED_FUNC
+from h3render.worker.render import refusal
 from h3render.worker.sensors import read_readings
 
 log = logging.getLogger("h3render.worker")
@@ -55,6 +64,61 @@ LOCK_KEY = "h3render:worker-lock:{host}"
 
 class WorkerLockedError(RuntimeError):
     """Another live worker holds this host's lock."""
+
+
+class RefusedJobError(RuntimeError):
+    """A job the allowlist refuses was about to be run (see render.refusal)."""
+
+
+class AllowlistJob(Job):
+    """rq's Job that resolves no function but ALLOWED_FUNC and no callbacks at all.
+
+    rq imports whatever a job names when it reads `func` or a callback property
+    (the worker's abandoned-job cleanup calls failure callbacks in the worker
+    process itself). Here `func` raises RefusedJobError unless `refusal(job)` is
+    None, callbacks resolve to None (logged), and webhooks are never sent.
+    """
+
+    @property
+    def func(self):
+        why = refusal(self)
+        if why:
+            raise RefusedJobError(why)
+        return super().func
+
+    def _no_callback(self, kind: str, name: str | None):
+        if name:
+            log.error("job %s names %s callback %r; not run (render jobs carry no callbacks)",
+                      self.id, kind, name)
+        return None
+
+    @property
+    def success_callback(self):
+        return self._no_callback("success", self._success_callback_name)
+
+    @property
+    def failure_callback(self):
+        return self._no_callback("failure", self._failure_callback_name)
+
+    @property
+    def stopped_callback(self):
+        return self._no_callback("stopped", self._stopped_callback_name)
+
+    def send_webhooks(self, status, *, exc_string=None) -> None:
+        if self.webhooks:
+            log.error("job %s carries webhooks; not sent (render jobs carry none)", self.id)
+
+
+def fail_refused(worker: Worker, job: Job, queue: Queue, msg: str) -> None:
+    """Fail `job` without retry, with `msg` as its error in meta and in rq's failure.
+    The worker must already have prepared the execution (prepare_execution)."""
+    log.error(msg)
+    job.retries_left = 0
+    h = dict(job.meta.get("h3r") or {})
+    h.update(state=JobPhase.failed.value, error=msg, retryable=False, failed_at=time.time())
+    job.meta["h3r"] = h
+    job.save_meta()
+    worker.handle_job_failure(job, queue=queue, exc_string=msg)
 
 
 def publish_health(r: redis.Redis, host: str, decision: Decision, worker: str,
@@ -94,8 +158,10 @@ class H3Worker(SpawnWorker):
     @classmethod
     def create(cls, connection: redis.Redis, settings: Settings, *, force: bool = False,
                name: str | None = None) -> "H3Worker":
-        q = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
-        w = cls([q], connection=connection, serializer=JSONSerializer, settings=settings,
+        q = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer,
+                  job_class=AllowlistJob)
+        w = cls([q], connection=connection, serializer=JSONSerializer, job_class=AllowlistJob,
+                settings=settings,
                 force=force, name=name, default_result_ttl=settings.result_ttl_s,
                 job_monitoring_interval=max(1, min(30, int(settings.gate_poll_s))))
         return w
@@ -278,24 +344,31 @@ class H3Worker(SpawnWorker):
     # ------------------------------------------------------------ jobs
 
     def execute_job(self, job: Job, queue: Queue):
-        if job.func_name != ALLOWED_FUNC:
-            self.refuse_job(job, queue)
+        why = refusal(job)
+        if why:
+            self.refuse_job(job, queue, why)
             return
         super().execute_job(job, queue)
         self._after_job(job)
 
-    def refuse_job(self, job: Job, queue: Queue) -> None:
-        msg = (f"refused: job {job.id} names function {job.func_name!r}; this worker runs only "
-               f"{ALLOWED_FUNC}")
-        log.error(msg)
+    def refuse_job(self, job: Job, queue: Queue, msg: str) -> None:
         self.prepare_execution(job)
-        job.retries_left = 0
-        h = dict(job.meta.get("h3r") or {})
-        h.update(state=JobPhase.failed.value, error=msg, retryable=False)
-        job.meta["h3r"] = h
-        job.save_meta()
-        self.handle_job_failure(job, queue=queue, exc_string=msg)
+        fail_refused(self, job, queue, msg)
         self.set_state("idle")
+
+    def fork_work_horse(self, job: Job, queue: Queue):
+        """Spawn the render process: a fresh Python running `horse_main`, which
+        fetches the job again and re-checks the allowlist before running it
+        (rq's own spawn script would run whatever the fetched job names)."""
+        os.environ["RQ_WORKER_ID"] = self.name
+        os.environ["RQ_EXECUTION_ID"] = self.execution.id
+        kw = get_connection_kwargs(self.connection)
+        for k in ("retry", "driver_info"):  # not rebuildable from their repr (as rq drops them)
+            kw.pop(k, None)
+        code = ("from h3render.worker.worker import horse_main; "
+                f"horse_main({kw!r}, {self.key!r}, {job.id!r}, {queue.name!r})")
+        self._horse_pid = os.spawnv(os.P_NOWAIT, sys.executable, [sys.executable, "-c", code])
+        self.procline(f"Spawned {self._horse_pid} at {time.time()}")
 
     def _after_job(self, job: Job) -> None:
         try:
@@ -353,3 +426,41 @@ class H3Worker(SpawnWorker):
                              logging_level=logging_level)
         finally:
             self.release_host_lock()
+
+
+# ---------------------------------------------------------------- the render process
+
+
+class HorseWorker(Worker):
+    """The worker as seen from inside the render process: rq's Worker whose
+    perform_job re-checks the allowlist on the job this process fetched."""
+
+    def perform_job(self, job: Job, queue: Queue) -> bool:
+        why = refusal(job)
+        if why:
+            fail_refused(self, job, queue, why + " (checked again by the render process)")
+            return False
+        return super().perform_job(job, queue)
+
+
+def horse_main(redis_kwargs: dict, worker_key: str, job_id: str, queue_name: str) -> None:
+    """Entry point of the render process spawned by H3Worker.fork_work_horse.
+
+    Rebuilds the worker, job, queue and execution from Redis as rq's SpawnWorker
+    script does, then runs the job through HorseWorker (allowlist re-checked on
+    the job as fetched here). Exits the process: 0 when the job ran or was
+    refused and recorded, 1 when the worker record is gone or the job failed to
+    be handled (rq's main_work_horse)."""
+    from rq.executions import Execution
+
+    conn = redis.Redis(**redis_kwargs)
+    worker = HorseWorker.find_by_key(worker_key, connection=conn, job_class=AllowlistJob,
+                                     serializer=JSONSerializer)
+    if not worker:
+        sys.exit(1)
+    job = AllowlistJob.fetch(job_id, connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_name, connection=conn, serializer=JSONSerializer, job_class=AllowlistJob)
+    worker.execution = Execution.fetch(os.environ["RQ_EXECUTION_ID"], job.id, connection=conn)
+    os.setpgrp()
+    worker._is_horse = True
+    worker.main_work_horse(job, queue)
