@@ -11,8 +11,9 @@
  * tile) into contiguous chunks, so the thread count never changes a result.
  *
  * Kernels come as a scalar _ref and an AVX variant computing the same sums in
- * the same order (mul then add, no FMA: the build uses -ffp-contract=off), so
- * the two agree bit for bit.
+ * the same order, every product fused into its sum (fmaf in the _ref, FMA
+ * instructions in SIMD: one rounding each, the same in both), so the two
+ * agree bit for bit. Nothing else is contracted (-ffp-contract=off).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -24,26 +25,34 @@
 #include "quant.h"
 #include "test_exports.h"   /* h3r_ops_force_ref */
 
+/* The x86 f32 kernels need AVX and FMA (every product is fused into its sum,
+ * as fmaf does in the scalar _ref); without both the scalar kernels run. */
+#if defined(__AVX__) && defined(__FMA__)
+#define OPS_AVX 1
+#else
+#define OPS_AVX 0
+#endif
+
 /* ---------------------------------------------------------------- dot product */
 
 /* Set by tests (test_exports.c) to run the scalar _ref kernels only; the SIMD
  * kernels must give bit-identical results. Read once per op, never in a loop. */
 int h3r_ops_force_ref = 0;
 
-/* a (n,) . b (n,): lanes acc[l] sum a[k]*b[k] for k = l mod 8 over whole
- * 8-blocks, combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the
- * tail added in order. Every kernel below computes exactly this. */
+/* a (n,) . b (n,): lanes acc[l] = fma(a[k], b[k], acc[l]) for k = l mod 8
+ * over whole 8-blocks, combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)),
+ * then the tail fused in order. Every kernel below computes exactly this. */
 static inline float dot_ref(const float *a, const float *b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
     for (; k + 8 <= n; k += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(a[k + l], b[k + l], acc[l]);
     float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (; k < n; k++) s += a[k] * b[k];
+    for (; k < n; k++) s = fmaf(a[k], b[k], s);
     return s;
 }
 
-#if defined(__AVX__)
+#if OPS_AVX
 /* The fixed tree of dot_ref over the 8 lanes of acc. */
 static inline float hsum_avx(__m256 acc) {
     __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* l + l+4 */
@@ -56,9 +65,9 @@ static inline float dot_avx(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= n; k += 8)
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
     float s = hsum_avx(acc);
-    for (; k < n; k++) s += a[k] * b[k];
+    for (; k < n; k++) s = fmaf(a[k], b[k], s);
     return s;
 }
 #define dot dot_avx
@@ -104,7 +113,7 @@ static inline float mm_one(const float *xr, const float *wr, int64_t K, const fl
     return b ? s + *b : s;
 }
 
-#if defined(__AVX__)
+#if OPS_AVX
 /*
  * Register tile of raw dots: s[i][c] = x_i . w_c for 4 rows x_i (stride ldx)
  * and 2 rows w0, w1, each summed exactly as dot_ref (8 lanes, fixed tree,
@@ -120,17 +129,17 @@ static inline void dots_4x2_avx(const float *x, int64_t ldx, const float *w0, co
     for (; k + 8 <= K; k += 8) {
         __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), u;
         u = _mm256_loadu_ps(x0 + k);
-        a00 = _mm256_add_ps(a00, _mm256_mul_ps(u, v0));
-        a01 = _mm256_add_ps(a01, _mm256_mul_ps(u, v1));
+        a00 = _mm256_fmadd_ps(u, v0, a00);
+        a01 = _mm256_fmadd_ps(u, v1, a01);
         u = _mm256_loadu_ps(x1 + k);
-        a10 = _mm256_add_ps(a10, _mm256_mul_ps(u, v0));
-        a11 = _mm256_add_ps(a11, _mm256_mul_ps(u, v1));
+        a10 = _mm256_fmadd_ps(u, v0, a10);
+        a11 = _mm256_fmadd_ps(u, v1, a11);
         u = _mm256_loadu_ps(x2 + k);
-        a20 = _mm256_add_ps(a20, _mm256_mul_ps(u, v0));
-        a21 = _mm256_add_ps(a21, _mm256_mul_ps(u, v1));
+        a20 = _mm256_fmadd_ps(u, v0, a20);
+        a21 = _mm256_fmadd_ps(u, v1, a21);
         u = _mm256_loadu_ps(x3 + k);
-        a30 = _mm256_add_ps(a30, _mm256_mul_ps(u, v0));
-        a31 = _mm256_add_ps(a31, _mm256_mul_ps(u, v1));
+        a30 = _mm256_fmadd_ps(u, v0, a30);
+        a31 = _mm256_fmadd_ps(u, v1, a31);
     }
     s[0][0] = hsum_avx(a00); s[0][1] = hsum_avx(a01);
     s[1][0] = hsum_avx(a10); s[1][1] = hsum_avx(a11);
@@ -139,8 +148,8 @@ static inline void dots_4x2_avx(const float *x, int64_t ldx, const float *w0, co
     const float *xs[4] = {x0, x1, x2, x3};
     for (int i = 0; i < 4; i++)
         for (int64_t t = k; t < K; t++) {
-            s[i][0] += xs[i][t] * w0[t];
-            s[i][1] += xs[i][t] * w1[t];
+            s[i][0] = fmaf(xs[i][t], w0[t], s[i][0]);
+            s[i][1] = fmaf(xs[i][t], w1[t], s[i][1]);
         }
 }
 
@@ -156,7 +165,7 @@ static void mm_tile_4x2_avx(const float *x, int64_t K, const float *w0, const fl
 }
 #endif
 
-#if defined(__AVX__) && defined(__F16C__)
+#if OPS_AVX && defined(__F16C__)
 #define GEMV_PF_BYTES 2048   /* software prefetch distance per weight row */
 /*
  * GEMV rows of an F16 weight: s[r] = x . w_r for one x row (K,) and 4 F16
@@ -175,10 +184,10 @@ static void dots_f16_1x4_avx(const float *x, const uint16_t *w, int64_t ldw, int
 #define F16_STEP(kk)                                                                                    \
     do {                                                                                                \
         __m256 u = _mm256_loadu_ps(x + (kk));                                                           \
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + (kk)))))); \
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w1 + (kk)))))); \
-        a2 = _mm256_add_ps(a2, _mm256_mul_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w2 + (kk)))))); \
-        a3 = _mm256_add_ps(a3, _mm256_mul_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w3 + (kk)))))); \
+        a0 = _mm256_fmadd_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + (kk)))), a0); \
+        a1 = _mm256_fmadd_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w1 + (kk)))), a1); \
+        a2 = _mm256_fmadd_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w2 + (kk)))), a2); \
+        a3 = _mm256_fmadd_ps(u, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w3 + (kk)))), a3); \
     } while (0)
 #if defined(__AVX512F__)
     /* rows 0|1 and 2|3 side by side in 512-bit registers: the same lane
@@ -197,8 +206,8 @@ static void dots_f16_1x4_avx(const float *x, const uint16_t *w, int64_t ldw, int
             const __m512 v23 = _mm512_cvtph_ps(_mm256_inserti128_si256(
                 _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w2 + kk))),
                 _mm_loadu_si128((const __m128i *)(w3 + kk)), 1));
-            a01 = _mm512_add_ps(a01, _mm512_mul_ps(u, v01));
-            a23 = _mm512_add_ps(a23, _mm512_mul_ps(u, v23));
+            a01 = _mm512_fmadd_ps(u, v01, a01);
+            a23 = _mm512_fmadd_ps(u, v23, a23);
         }
     }
     a0 = _mm512_castps512_ps256(a01);
@@ -221,7 +230,7 @@ static void dots_f16_1x4_avx(const float *x, const uint16_t *w, int64_t ldw, int
     s[0] = hsum_avx(a0); s[1] = hsum_avx(a1); s[2] = hsum_avx(a2); s[3] = hsum_avx(a3);
     const uint16_t *ws[4] = {w0, w1, w2, w3};
     for (int r = 0; r < 4; r++)
-        for (int64_t t = k; t < K; t++) s[r] += x[t] * h3r_f16_to_f32(ws[r][t]);
+        for (int64_t t = k; t < K; t++) s[r] = fmaf(x[t], h3r_f16_to_f32(ws[r][t]), s[r]);
 }
 
 /* The same for 4 F32 weight rows (one 64-byte line per 16 floats): 4 chains
@@ -243,8 +252,8 @@ static void dots_f32_1x4_avx(const float *x, const float *w, int64_t ldw, int64_
                                                   _mm256_loadu_ps(w1 + kk), 1);
             const __m512 v23 = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w2 + kk)),
                                                   _mm256_loadu_ps(w3 + kk), 1);
-            a01 = _mm512_add_ps(a01, _mm512_mul_ps(u, v01));
-            a23 = _mm512_add_ps(a23, _mm512_mul_ps(u, v23));
+            a01 = _mm512_fmadd_ps(u, v01, a01);
+            a23 = _mm512_fmadd_ps(u, v23, a23);
         }
     }
     a0 = _mm512_castps512_ps256(a01);
@@ -254,19 +263,19 @@ static void dots_f32_1x4_avx(const float *x, const float *w, int64_t ldw, int64_
 #endif
     for (; k + 8 <= K; k += 8) {
         __m256 u = _mm256_loadu_ps(x + k);
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(u, _mm256_loadu_ps(w0 + k)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(u, _mm256_loadu_ps(w1 + k)));
-        a2 = _mm256_add_ps(a2, _mm256_mul_ps(u, _mm256_loadu_ps(w2 + k)));
-        a3 = _mm256_add_ps(a3, _mm256_mul_ps(u, _mm256_loadu_ps(w3 + k)));
+        a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w0 + k), a0);
+        a1 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w1 + k), a1);
+        a2 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w2 + k), a2);
+        a3 = _mm256_fmadd_ps(u, _mm256_loadu_ps(w3 + k), a3);
     }
     s[0] = hsum_avx(a0); s[1] = hsum_avx(a1); s[2] = hsum_avx(a2); s[3] = hsum_avx(a3);
     const float *ws[4] = {w0, w1, w2, w3};
     for (int r = 0; r < 4; r++)
-        for (int64_t t = k; t < K; t++) s[r] += x[t] * ws[r][t];
+        for (int64_t t = k; t < K; t++) s[r] = fmaf(x[t], ws[r][t], s[r]);
 }
 #endif
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && OPS_AVX
 #define MM_PACK 1   /* the AVX-512 tile below needs the paired copy of the weight rows */
 /*
  * Pack 8 weight rows w_0..w_7 (K,) as 4 pairs for the 512-bit tile: pair p,
@@ -301,7 +310,7 @@ static void mm_tile_4x8_512(const float *x, int64_t K, const float *pk, const fl
         for (int p = 0; p < 4; p++) w[p] = _mm512_loadu_ps(pk + (size_t)p * K8 * 2 + k * 2);
         for (int i = 0; i < 4; i++) {
             const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
-            for (int p = 0; p < 4; p++) acc[i][p] = _mm512_add_ps(acc[i][p], _mm512_mul_ps(u, w[p]));
+            for (int p = 0; p < 4; p++) acc[i][p] = _mm512_fmadd_ps(u, w[p], acc[i][p]);
         }
     }
     for (int i = 0; i < 4; i++) {
@@ -310,8 +319,8 @@ static void mm_tile_4x8_512(const float *x, int64_t K, const float *pk, const fl
             float s0 = hsum_avx(_mm512_castps512_ps256(acc[i][p]));
             float s1 = hsum_avx(_mm512_extractf32x8_ps(acc[i][p], 1));
             for (int64_t t = K8; t < K; t++) {
-                s0 += xi[t] * rows[2 * p][t];
-                s1 += xi[t] * rows[2 * p + 1][t];
+                s0 = fmaf(xi[t], rows[2 * p][t], s0);
+                s1 = fmaf(xi[t], rows[2 * p + 1][t], s1);
             }
             y[i * ldy + 2 * p] = b ? s0 + b[2 * p] : s0;
             y[i * ldy + 2 * p + 1] = b ? s1 + b[2 * p + 1] : s1;
@@ -332,7 +341,7 @@ static void matmul_worker(void *arg, int ith, int nth) {
     int64_t j0 = chunk * ith, j1 = j0 + chunk < M ? j0 + chunk : M;
     float *buf = c->scratch + (size_t)ith * (MM_PACK + 1) * MM_JB * K;
     const float *rows[MM_JB];
-#if defined(__AVX__) && defined(__F16C__)
+#if OPS_AVX && defined(__F16C__)
     /* Fewer rows than a register tile (the GEMV of one token): F16 and F32
      * weights stream straight from the mapping, 4 rows at a time (4 chains),
      * no scratch. */
@@ -368,7 +377,7 @@ static void matmul_worker(void *arg, int ith, int nth) {
                 mm_tile_4x8_512(c->x + n * K, K, pk, rows, bj, c->y + n * M + j, M);
         }
 #endif
-#if defined(__AVX__)
+#if OPS_AVX
         if (!ref) {
             for (; n + MM_NB <= c->N; n += MM_NB) {
                 int r = 0;
@@ -568,7 +577,7 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
                     for (int p = 0; p < 4; p++) qv[p] = _mm512_loadu_ps(pp + (size_t)p * D8 * 2 + t * 2);
                     for (int c = 0; c < 4; c++) {
                         const __m512 kv = _mm512_broadcast_f32x8(_mm256_loadu_ps(k + (j + c) * ld + t));
-                        for (int p = 0; p < 4; p++) acc[p][c] = _mm512_add_ps(acc[p][c], _mm512_mul_ps(qv[p], kv));
+                        for (int p = 0; p < 4; p++) acc[p][c] = _mm512_fmadd_ps(qv[p], kv, acc[p][c]);
                     }
                 }
                 for (int p = 0; p < 4; p++)
@@ -577,8 +586,8 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
                         float s0 = hsum_avx(_mm512_castps512_ps256(acc[p][c]));
                         float s1 = hsum_avx(_mm512_extractf32x8_ps(acc[p][c], 1));
                         for (int64_t t = D8; t < Dh; t++) {
-                            s0 += q0[t] * kc[t];
-                            s1 += q1[t] * kc[t];
+                            s0 = fmaf(q0[t], kc[t], s0);
+                            s1 = fmaf(q1[t], kc[t], s1);
                         }
                         S[(i + 2 * p) * ATT_BK + j + c] = scale * s0;
                         S[(i + 2 * p + 1) * ATT_BK + j + c] = scale * s1;
@@ -590,7 +599,7 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
         }
     }
 #endif
-#if defined(__AVX__)
+#if OPS_AVX
     if (!ref)
         for (; i + 4 <= bq; i += 4) {
             int j = 0;
@@ -625,7 +634,7 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
 static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float *v, int64_t ld,
                    int ref) {
     int i = 0;
-#if defined(__AVX__)
+#if OPS_AVX
     if (!ref)
         for (; i + 4 <= bq; i += 4) {
             float *o0 = O + (size_t)i * Dh, *o1 = o0 + Dh, *o2 = o1 + Dh, *o3 = o2 + Dh;
@@ -642,17 +651,17 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                     const float *vj = v + j * ld + d;
                     __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), p;
                     p = _mm512_set1_ps(p0[j]);
-                    c00 = _mm512_add_ps(c00, _mm512_mul_ps(p, v0));
-                    c01 = _mm512_add_ps(c01, _mm512_mul_ps(p, v1));
+                    c00 = _mm512_fmadd_ps(p, v0, c00);
+                    c01 = _mm512_fmadd_ps(p, v1, c01);
                     p = _mm512_set1_ps(p1[j]);
-                    c10 = _mm512_add_ps(c10, _mm512_mul_ps(p, v0));
-                    c11 = _mm512_add_ps(c11, _mm512_mul_ps(p, v1));
+                    c10 = _mm512_fmadd_ps(p, v0, c10);
+                    c11 = _mm512_fmadd_ps(p, v1, c11);
                     p = _mm512_set1_ps(p2[j]);
-                    c20 = _mm512_add_ps(c20, _mm512_mul_ps(p, v0));
-                    c21 = _mm512_add_ps(c21, _mm512_mul_ps(p, v1));
+                    c20 = _mm512_fmadd_ps(p, v0, c20);
+                    c21 = _mm512_fmadd_ps(p, v1, c21);
                     p = _mm512_set1_ps(p3[j]);
-                    c30 = _mm512_add_ps(c30, _mm512_mul_ps(p, v0));
-                    c31 = _mm512_add_ps(c31, _mm512_mul_ps(p, v1));
+                    c30 = _mm512_fmadd_ps(p, v0, c30);
+                    c31 = _mm512_fmadd_ps(p, v1, c31);
                 }
                 _mm512_storeu_ps(o0 + d, c00); _mm512_storeu_ps(o0 + d + 16, c01);
                 _mm512_storeu_ps(o1 + d, c10); _mm512_storeu_ps(o1 + d + 16, c11);
@@ -669,17 +678,17 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                     const float *vj = v + j * ld + d;
                     __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8), p;
                     p = _mm256_broadcast_ss(p0 + j);
-                    c00 = _mm256_add_ps(c00, _mm256_mul_ps(p, v0));
-                    c01 = _mm256_add_ps(c01, _mm256_mul_ps(p, v1));
+                    c00 = _mm256_fmadd_ps(p, v0, c00);
+                    c01 = _mm256_fmadd_ps(p, v1, c01);
                     p = _mm256_broadcast_ss(p1 + j);
-                    c10 = _mm256_add_ps(c10, _mm256_mul_ps(p, v0));
-                    c11 = _mm256_add_ps(c11, _mm256_mul_ps(p, v1));
+                    c10 = _mm256_fmadd_ps(p, v0, c10);
+                    c11 = _mm256_fmadd_ps(p, v1, c11);
                     p = _mm256_broadcast_ss(p2 + j);
-                    c20 = _mm256_add_ps(c20, _mm256_mul_ps(p, v0));
-                    c21 = _mm256_add_ps(c21, _mm256_mul_ps(p, v1));
+                    c20 = _mm256_fmadd_ps(p, v0, c20);
+                    c21 = _mm256_fmadd_ps(p, v1, c21);
                     p = _mm256_broadcast_ss(p3 + j);
-                    c30 = _mm256_add_ps(c30, _mm256_mul_ps(p, v0));
-                    c31 = _mm256_add_ps(c31, _mm256_mul_ps(p, v1));
+                    c30 = _mm256_fmadd_ps(p, v0, c30);
+                    c31 = _mm256_fmadd_ps(p, v1, c31);
                 }
                 _mm256_storeu_ps(o0 + d, c00); _mm256_storeu_ps(o0 + d + 8, c01);
                 _mm256_storeu_ps(o1 + d, c10); _mm256_storeu_ps(o1 + d + 8, c11);
@@ -691,10 +700,10 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                 __m256 c2 = _mm256_loadu_ps(o2 + d), c3 = _mm256_loadu_ps(o3 + d);
                 for (int j = 0; j < bk; j++) {
                     __m256 vj = _mm256_loadu_ps(v + j * ld + d);
-                    c0 = _mm256_add_ps(c0, _mm256_mul_ps(_mm256_broadcast_ss(p0 + j), vj));
-                    c1 = _mm256_add_ps(c1, _mm256_mul_ps(_mm256_broadcast_ss(p1 + j), vj));
-                    c2 = _mm256_add_ps(c2, _mm256_mul_ps(_mm256_broadcast_ss(p2 + j), vj));
-                    c3 = _mm256_add_ps(c3, _mm256_mul_ps(_mm256_broadcast_ss(p3 + j), vj));
+                    c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), vj, c0);
+                    c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), vj, c1);
+                    c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + j), vj, c2);
+                    c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p3 + j), vj, c3);
                 }
                 _mm256_storeu_ps(o0 + d, c0); _mm256_storeu_ps(o1 + d, c1);
                 _mm256_storeu_ps(o2 + d, c2); _mm256_storeu_ps(o3 + d, c3);
@@ -702,10 +711,10 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
             for (; d < Dh; d++)
                 for (int j = 0; j < bk; j++) {
                     const float vj = v[j * ld + d];
-                    o0[d] += p0[j] * vj;
-                    o1[d] += p1[j] * vj;
-                    o2[d] += p2[j] * vj;
-                    o3[d] += p3[j] * vj;
+                    o0[d] = fmaf(p0[j], vj, o0[d]);
+                    o1[d] = fmaf(p1[j], vj, o1[d]);
+                    o2[d] = fmaf(p2[j], vj, o2[d]);
+                    o3[d] = fmaf(p3[j], vj, o3[d]);
                 }
         }
 #endif
@@ -715,7 +724,7 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
         for (int j = 0; j < bk; j++) {
             const float *vj = v + j * ld;
             const float pj = Pi[j];
-            for (int d = 0; d < Dh; d++) Oi[d] += pj * vj[d];
+            for (int d = 0; d < Dh; d++) Oi[d] = fmaf(pj, vj[d], Oi[d]);
         }
     }
 }
