@@ -100,7 +100,9 @@ void quantize_row_q8x(const float *x, blk_q8x *dst, int64_t n);
  *   vec_dot_ref: the scalar ground truth, block terms summed in order.
  *   vec_dot:     the SIMD kernel (AVX2+FMA, NEON[+dotprod]) where built,
  *                else the scalar tail; same integer block sums, f32
- *                accumulation in lanes. out[r] does not depend on nr.
+ *                accumulation in lanes (x86: block b feeds chain b mod 2,
+ *                or b mod 4 on AVX-512 builds, chains summed in a fixed
+ *                tree). out[r] does not depend on nr.
  * type must satisfy quant_is_matmul_type; nb is a multiple of 8 for Q6_K.
  */
 void vec_dot_ref(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out);
