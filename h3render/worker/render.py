@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 import time
@@ -493,7 +494,12 @@ def _remove_empty(d: Path) -> None:
 def _thermal_pause(settings: Settings, meta: _Meta, state: dict, pauses: list, health: list,
                    rq_job, parent: int) -> None:
     """Between denoising steps: if the machine is hot, wait until it cools (recorded
-    in meta "pauses"); give up after thermal_pause_max_s with ThermalAbort."""
+    in meta "pauses"); give up after thermal_pause_max_s with ThermalAbort.
+
+    While paused, rq's job timeout alarm (SIGALRM, armed by the horse for the job's
+    timeout) is held and re-armed with what was left, so a pause never times the
+    job out; the worker moves its own copy of the timeout on by the recorded pauses
+    (H3Worker.maintain_heartbeats)."""
     now = time.time()
     if now - state["last_thermal"] < THERMAL_CHECK_MIN_S:
         return
@@ -509,22 +515,27 @@ def _thermal_pause(settings: Settings, meta: _Meta, state: dict, pauses: list, h
     health.append(_health_sample(r))
     prev_state = meta.data.get("state")
     meta.update(state=JobPhase.paused_thermal, reason=d.state, pauses=pauses)
-    while True:
-        if _check_cancel_or_parent(rq_job, parent):
-            state["canceled"] = True
-            pause["end"] = time.time()
-            return
-        if time.time() - start > settings.thermal_pause_max_s:
-            pause["end"] = time.time()
-            meta.update(pauses=pauses)
-            raise ThermalAbort(f"thermal abort: still hot after {settings.thermal_pause_max_s:g} s "
-                               f"({d.state})")
-        time.sleep(settings.thermal_pause_poll_s)
-        r = read_readings(settings)
-        d = decide_thermal(r, settings, state["prev_readings"])
-        state["prev_readings"] = r
-        if d.open:
-            break
+    held = signal.alarm(0)  # rq's job timeout (SIGALRM) stands still while paused
+    try:
+        while True:
+            if _check_cancel_or_parent(rq_job, parent):
+                state["canceled"] = True
+                pause["end"] = time.time()
+                return
+            if time.time() - start > settings.thermal_pause_max_s:
+                pause["end"] = time.time()
+                meta.update(pauses=pauses)
+                raise ThermalAbort(f"thermal abort: still hot after {settings.thermal_pause_max_s:g} s "
+                                   f"({d.state})")
+            time.sleep(settings.thermal_pause_poll_s)
+            r = read_readings(settings)
+            d = decide_thermal(r, settings, state["prev_readings"])
+            state["prev_readings"] = r
+            if d.open:
+                break
+    finally:
+        if held:
+            signal.alarm(held)
     pause["end"] = time.time()
     pause["seconds"] = round(pause["end"] - start, 3)
     health.append(_health_sample(r))

@@ -109,6 +109,21 @@ class AllowlistJob(Job):
             log.error("job %s carries webhooks; not sent (render jobs carry none)", self.id)
 
 
+def paused_seconds(pauses: list[dict], now: float) -> float:
+    """Seconds spent in the pauses recorded in meta (an open pause counts up to now)."""
+    return sum(max(0.0, float(p.get("end") or now) - float(p["start"])) for p in pauses or [])
+
+
+def extend_timeout_by_pauses(job: Job, base: dict[str, int]) -> None:
+    """Set job.timeout (in memory) to its timeout at start plus the paused seconds in
+    its meta, read fresh from Redis. `base` remembers each job's starting timeout."""
+    if not job.timeout or job.timeout < 0:
+        return
+    start = base.setdefault(job.id, int(job.timeout))
+    h = (job.get_meta(refresh=True).get("h3r") or {})
+    job.timeout = start + int(paused_seconds(h.get("pauses") or [], time.time()) + 0.999)
+
+
 def fail_refused(worker: Worker, job: Job, queue: Queue, msg: str) -> None:
     """Fail `job` without retry, with `msg` as its error in meta and in rq's failure.
     The worker must already have prepared the execution (prepare_execution)."""
@@ -154,6 +169,7 @@ class H3Worker(SpawnWorker):
         self._prev_readings: Readings | None = None
         self._lock_held = False
         self._gate_state: str | None = None
+        self._timeout_base: dict[str, int] = {}  # job id -> its timeout before any pause
 
     @classmethod
     def create(cls, connection: redis.Redis, settings: Settings, *, force: bool = False,
@@ -371,6 +387,7 @@ class H3Worker(SpawnWorker):
         self.procline(f"Spawned {self._horse_pid} at {time.time()}")
 
     def _after_job(self, job: Job) -> None:
+        self._timeout_base.pop(job.id, None)
         try:
             job.refresh()
         except Exception:  # noqa: BLE001 - the job may have expired
@@ -381,6 +398,18 @@ class H3Worker(SpawnWorker):
                 job.cancel()
             except InvalidJobOperation:
                 pass
+
+    def maintain_heartbeats(self, job: Job):
+        """rq's heartbeats while the render process runs, with the job's timeout
+        first moved on by the time it has spent paused for heat (meta "pauses"): a
+        pause is bounded by thermal_pause_max_s, not by the job's timeout, and the
+        render process holds its own timeout alarm while paused (render._thermal_pause).
+        rq kills a horse past timeout + 60 s and sizes heartbeat TTLs from it."""
+        try:
+            extend_timeout_by_pauses(job, self._timeout_base)
+        except (redis.RedisError, ValueError, TypeError) as e:
+            log.error("job %s: could not read its pauses: %s", job.id, e)
+        super().maintain_heartbeats(job)
 
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
         """The render process died (engine crash, OOM killer): record it in meta."""
