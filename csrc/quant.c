@@ -510,10 +510,18 @@ vec_dot_t(const int type, int64_t nb, const void *w, const blk_q8x *const *x, in
     for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 
+#if H3R_AVX512_GEMV
+static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out);
+#endif
+
 void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
     if (nr > 4) nr = 4;
     switch (type) {
+#if H3R_AVX512_GEMV
+    case GGML_TYPE_Q8_0: vec_dot_q8_0_512(nb, w, x, nr, out); break;
+#else
     case GGML_TYPE_Q8_0: vec_dot_t(GGML_TYPE_Q8_0, nb, w, x, nr, out); break;
+#endif
     case GGML_TYPE_Q4_0: vec_dot_t(GGML_TYPE_Q4_0, nb, w, x, nr, out); break;
     default: vec_dot_t(GGML_TYPE_Q6_K, nb, w, x, nr, out); break;
     }
@@ -552,6 +560,66 @@ void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int n
 static inline __m512 scale_pair(uint16_t d0, float xd0, uint16_t d1, float xd1) {
     const float s0 = fp16(d0) * xd0, s1 = fp16(d1) * xd1;
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+}
+
+/*
+ * vec_dot for Q8_0 on AVX-512 builds (the GEMM kernel): a weight row against
+ * nr <= 4 activation rows, blocks b, b+1 side by side in 512-bit registers,
+ * so each step does the work of two AVX2 steps. Per row the chains are those
+ * of vec_dot_t (block b feeds chain b mod 4: pairs b = 0 mod 4 go to the
+ * register holding chains 0|1, pairs b = 2 mod 4 to 2|3), the lanes those of
+ * dot32_i8 and the scales the same f32 products, so every output is
+ * bit-identical to vec_dot_t's and to the GEMV kernel's.
+ */
+static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
+    const blk_q8_0 *p = w;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc0[4], acc1[4];
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+#define Q8_PAIR(b, acc)                                                                                  \
+    do {                                                                                                 \
+        const __m512i wq = _mm512_inserti64x4(                                                           \
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p[b].qs)),                        \
+            _mm256_loadu_si256((const __m256i *)p[(b) + 1].qs), 1);                                      \
+        const __m512i aw = _mm512_abs_epi8(wq);                                                          \
+        const __mmask64 neg = _mm512_movepi8_mask(wq);                                                   \
+        const __m512 dw = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(fp16(p[b].d))),       \
+                                             _mm256_set1_ps(fp16(p[(b) + 1].d)), 1);                     \
+        for (int r = 0; r < nr; r++) {                                                                   \
+            const __m512i a = _mm512_inserti64x4(                                                        \
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[r][b].qs)),                 \
+                _mm256_loadu_si256((const __m256i *)x[r][(b) + 1].qs), 1);                               \
+            const __m512i is = _mm512_dpbusd_epi32(zero, aw, _mm512_mask_sub_epi8(a, neg, zero, a));     \
+            const __m512 xd = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(&x[r][b].d)), \
+                                                 _mm256_broadcast_ss(&x[r][(b) + 1].d), 1);              \
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd), _mm512_cvtepi32_ps(is), acc[r]);             \
+        }                                                                                                \
+    } while (0)
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        _mm_prefetch((const char *)(p + b) + QPF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + b) + QPF_BYTES + 64, _MM_HINT_T0);
+        Q8_PAIR(b, acc0);
+        Q8_PAIR(b + 2, acc1);
+    }
+    int pair_left = b + 2 <= nb;
+    if (pair_left) {
+        Q8_PAIR(b, acc0);
+        b += 2;
+    }
+#undef Q8_PAIR
+    for (int r = 0; r < nr; r++) {
+        __m256 c0 = _mm512_castps512_ps256(acc0[r]), c1 = _mm512_extractf32x8_ps(acc0[r], 1);
+        __m256 c2 = _mm512_castps512_ps256(acc1[r]), c3 = _mm512_extractf32x8_ps(acc1[r], 1);
+        if (b < nb) {   /* one block left: chain 2 after a left-over pair, else chain 0 */
+            const __m256i is = dot32_i8(_mm256_loadu_si256((const __m256i *)p[b].qs),
+                                        _mm256_loadu_si256((const __m256i *)x[r][b].qs));
+            const __m256 sc = _mm256_set1_ps(fp16(p[b].d) * x[r][b].d);
+            if (pair_left) c2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c2);
+            else c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
+        }
+        out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
+    }
 }
 
 
