@@ -142,6 +142,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "docs" / "PERFORMANCE.md"))
     ap.add_argument("--workdir", default=None, help="keep the medium model here (default: a temp dir)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="(b): torch and h3render timed alternately this many times, best of each kept, "
+                         "so a burst of load on the shared machine hits both sides alike")
     a = ap.parse_args()
     T, R = a.threads, a.repeats
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -160,20 +163,32 @@ def main() -> int:
     src, model = work / "medium-src", work / "medium-model"
     print(f"(b) medium DiT: torch fp32 in {a.ref_python}", flush=True)
     src.mkdir(parents=True, exist_ok=True)
-    torch_res = json.loads(subprocess.run([a.ref_python, str(ROOT / "bench" / "torch_dit.py"), str(src), str(T), str(R)],
-                                          check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-    t_torch = min(torch_res["seconds"])
+    def torch_run() -> dict:
+        return json.loads(subprocess.run([a.ref_python, str(ROOT / "bench" / "torch_dit.py"), str(src), str(T), str(R)],
+                                         check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+
+    torch_res = torch_run()
+    torch_times = list(torch_res["seconds"])
     convert_pipeline(src, model, quants=list(LEVELS))
     probe = np.load(src / "probe.npz")
     ref_out = np.load(src / "torch_out.npy")
     dit = {}
+    ours_times: dict[str, list[float]] = {level: [] for level in LEVELS}
     with Engine(model, T) as e:
-        for level in LEVELS:
-            y = e.dit_forward(level, probe["x"], 500.0, probe["context"])
-            err = float(np.abs(y - ref_out).max() / np.abs(ref_out).max())
-            t = best_of(lambda: e.dit_forward(level, probe["x"], 500.0, probe["context"]), R - 1 if R > 1 else 1)
-            dit[level] = (t, err)
-            print(f"    {level}: {t:.3f} s (torch {t_torch:.3f} s), rel_err vs torch {err:.2e}", flush=True)
+        for rnd in range(max(1, a.rounds)):
+            if rnd:
+                torch_times += torch_run()["seconds"]
+            for level in LEVELS:
+                y = e.dit_forward(level, probe["x"], 500.0, probe["context"])
+                err = float(np.abs(y - ref_out).max() / np.abs(ref_out).max())
+                ours_times[level].append(best_of(lambda: e.dit_forward(level, probe["x"], 500.0, probe["context"]),
+                                                 R - 1 if R > 1 else 1))
+                dit[level] = (min(ours_times[level]), err)
+            print(f"    round {rnd + 1}: torch {min(torch_times):.3f} s; "
+                  + ", ".join(f"{lv} {min(ts):.3f} s" for lv, ts in ours_times.items()), flush=True)
+    t_torch = min(torch_times)
+    torch_res["seconds"] = torch_times
+    torch_res["rounds"] = max(1, a.rounds)
 
     print("(c) GEMV bandwidth", flush=True)
     gemv = gemv_bandwidth(T, R)
@@ -218,7 +233,7 @@ def write_report(out, T, ours, ggml, ggml_version, torch_res, t_torch, dit, gemv
         "repeats). The development machine is shared with other jobs, so absolute times move",
         "between runs; the ratios are what to read.",
         "",
-        f"- command: `make bench` (`python bench/bench_speed.py --threads {T}`)",
+        f"- command: `make bench` (`python bench/bench_speed.py --threads {T} --rounds {torch_res['rounds']}`)",
         f"- machine: {_cpu()}, {os.cpu_count()} CPUs online, {platform.system()} {platform.machine()}; "
         f"engine kernels: {simd}; threads: {T}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
@@ -240,8 +255,11 @@ def write_report(out, T, ours, ggml, ggml_version, torch_res, t_torch, dit, gemv
         "",
         f"Medium config (bench/torch_dit.py): {torch_res['params'] / 1e6:.1f}M parameters, "
         f"{torch_res['tokens']} tokens, text length 128; torch {torch_res['torch']} on "
-        f"{torch_res['threads']} threads: **{t_torch:.3f} s** per forward. Targets: q8_0 at least",
-        "1.5x faster than torch, f16 at least as fast.",
+        f"{torch_res['threads']} threads: **{t_torch:.3f} s** per forward (best of {len(torch_res['seconds'])}; "
+        f"all: {', '.join(f'{t:.2f}' for t in sorted(torch_res['seconds']))} s). The two sides were timed "
+        f"alternately in {torch_res['rounds']} rounds, best of each kept: torch's OpenMP threads spin, so a "
+        "busy machine slows torch far more than the engine's sleeping pool, and only a quiet moment gives a "
+        "fair ratio. Targets: q8_0 at least 1.5x faster than torch, f16 at least as fast.",
         "",
         "| level | h3render s | speed-up vs torch | target | met | rel_err vs torch output |",
         "| --- | ---: | ---: | ---: | --- | ---: |",
