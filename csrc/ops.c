@@ -307,7 +307,12 @@ static void mm_tile_4x8_512(const float *x, int64_t K, const float *pk, const fl
         for (int p = 0; p < 4; p++) acc[i][p] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K8; k += 8) {
         __m512 w[4];
-        for (int p = 0; p < 4; p++) w[p] = _mm512_loadu_ps(pk + (size_t)p * K8 * 2 + k * 2);
+        for (int p = 0; p < 4; p++) {
+            w[p] = _mm512_loadu_ps(pk + (size_t)p * K8 * 2 + k * 2);
+            /* keep it in a register: folded into each FMA it would be loaded 4 times,
+             * making the tile load-bound (measured ~2x slower) */
+            __asm__("" : "+v"(w[p]));
+        }
         for (int i = 0; i < 4; i++) {
             const __m512 u = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
             for (int p = 0; p < 4; p++) acc[i][p] = _mm512_fmadd_ps(u, w[p], acc[i][p]);
@@ -574,7 +579,10 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
                     for (int c = 0; c < 4; c++) acc[p][c] = _mm512_setzero_ps();
                 for (int64_t t = 0; t < D8; t += 8) {
                     __m512 qv[4];
-                    for (int p = 0; p < 4; p++) qv[p] = _mm512_loadu_ps(pp + (size_t)p * D8 * 2 + t * 2);
+                    for (int p = 0; p < 4; p++) {
+                        qv[p] = _mm512_loadu_ps(pp + (size_t)p * D8 * 2 + t * 2);
+                        __asm__("" : "+v"(qv[p]));   /* in a register, not re-loaded by each FMA */
+                    }
                     for (int c = 0; c < 4; c++) {
                         const __m512 kv = _mm512_broadcast_f32x8(_mm256_loadu_ps(k + (j + c) * ld + t));
                         for (int p = 0; p < 4; p++) acc[p][c] = _mm512_fmadd_ps(qv[p], kv, acc[p][c]);
@@ -650,6 +658,7 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                 for (int j = 0; j < bk; j++) {
                     const float *vj = v + j * ld + d;
                     __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), p;
+                    __asm__("" : "+v"(v0), "+v"(v1));   /* loaded once for the 4 rows */
                     p = _mm512_set1_ps(p0[j]);
                     c00 = _mm512_fmadd_ps(p, v0, c00);
                     c01 = _mm512_fmadd_ps(p, v1, c01);
