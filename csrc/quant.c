@@ -516,15 +516,25 @@ static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x,
 
 void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
     if (nr > 4) nr = 4;
+    /* type and nr constants in each instance: no type test in the loop, and the
+     * per-row accumulators stay in registers */
+#define VEC_DOT_NR(T)                                                  \
+    do {                                                               \
+        if (nr == 4) vec_dot_t(T, nb, w, x, 4, out);                   \
+        else if (nr == 3) vec_dot_t(T, nb, w, x, 3, out);              \
+        else if (nr == 2) vec_dot_t(T, nb, w, x, 2, out);              \
+        else vec_dot_t(T, nb, w, x, 1, out);                           \
+    } while (0)
     switch (type) {
 #if H3R_AVX512_GEMV
     case GGML_TYPE_Q8_0: vec_dot_q8_0_512(nb, w, x, nr, out); break;
 #else
-    case GGML_TYPE_Q8_0: vec_dot_t(GGML_TYPE_Q8_0, nb, w, x, nr, out); break;
+    case GGML_TYPE_Q8_0: VEC_DOT_NR(GGML_TYPE_Q8_0); break;
 #endif
-    case GGML_TYPE_Q4_0: vec_dot_t(GGML_TYPE_Q4_0, nb, w, x, nr, out); break;
-    default: vec_dot_t(GGML_TYPE_Q6_K, nb, w, x, nr, out); break;
+    case GGML_TYPE_Q4_0: VEC_DOT_NR(GGML_TYPE_Q4_0); break;
+    default: VEC_DOT_NR(GGML_TYPE_Q6_K); break;
     }
+#undef VEC_DOT_NR
 }
 
 /* ---------------------------------------------------------------- GEMV: weight rows x one activation row
@@ -571,7 +581,8 @@ static inline __m512 scale_pair(uint16_t d0, float xd0, uint16_t d1, float xd1) 
  * dot32_i8 and the scales the same f32 products, so every output is
  * bit-identical to vec_dot_t's and to the GEMV kernel's.
  */
-static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
+static inline __attribute__((always_inline)) void
+vec_dot_q8_0_512_t(int64_t nb, const void *w, const blk_q8x *const *x, const int nr, float *out) {
     const blk_q8_0 *p = w;
     const __m512i zero = _mm512_setzero_si512();
     __m512 acc0[4], acc1[4];
@@ -619,6 +630,16 @@ static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x,
             else c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
         }
         out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
+    }
+}
+
+/* nr a constant in each instance, so the accumulators stay in registers. */
+static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x, int nr, float *out) {
+    switch (nr) {
+    case 4: vec_dot_q8_0_512_t(nb, w, x, 4, out); break;
+    case 3: vec_dot_q8_0_512_t(nb, w, x, 3, out); break;
+    case 2: vec_dot_q8_0_512_t(nb, w, x, 2, out); break;
+    default: vec_dot_q8_0_512_t(nb, w, x, 1, out); break;
     }
 }
 
