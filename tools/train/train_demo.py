@@ -312,7 +312,7 @@ def main() -> None:
     ap.add_argument("--vae-batch", type=int, default=8)
     ap.add_argument("--vae-frames", type=int, default=5, help="clip length the VAE trains on")
     ap.add_argument("--clips", type=int, default=8000, help="clips encoded for the DiT")
-    ap.add_argument("--dit-steps", type=int, default=4000)
+    ap.add_argument("--dit-steps", type=int, default=11000)
     ap.add_argument("--dit-batch", type=int, default=32)
     ap.add_argument("--vae-only", action="store_true",
                     help="stop after the VAE stage, saving it to OUT/vae (to iterate on later stages)")
