@@ -239,7 +239,7 @@ def sample_sigmas(gen, n: int):
 
 
 def train_dit(transformer, text_encoder, tokenizer, latents, specs, steps: int, batch: int,
-              log: Log) -> None:
+              log: Log, checkpoint=None, every: int = 0) -> None:
     import torch
 
     gen = torch.Generator().manual_seed(SEED + 4)
@@ -279,6 +279,13 @@ def train_dit(transformer, text_encoder, tokenizer, latents, specs, steps: int, 
         run = loss.item() if step == 0 else 0.98 * run + 0.02 * loss.item()
         if step % 25 == 0 or step == steps - 1:
             log(f"dit step {step:5d} loss {loss.item():.4f} (ema {run:.4f}) lr {sched.get_last_lr()[0]:.2e}")
+        if every and checkpoint and (step + 1) % every == 0 and step + 1 < steps:
+            transformer.eval()
+            text_encoder.eval()
+            checkpoint(step + 1)
+            transformer.train()
+            text_encoder.train()
+            log(f"checkpoint at step {step + 1}")
     transformer.eval()
     text_encoder.eval()
 
@@ -318,6 +325,8 @@ def main() -> None:
                     help="stop after the VAE stage, saving it to OUT/vae (to iterate on later stages)")
     ap.add_argument("--vae-from", type=Path, default=None,
                     help="load the VAE saved by --vae-only instead of training it (same seeds)")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also save the whole pipeline to OUT-step<N> every N DiT steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="a few steps of each stage")
     a = ap.parse_args()
@@ -357,7 +366,11 @@ def main() -> None:
         return
     latents, specs = encode_dataset(vae, a.clips, 16, log, mean, std)
     log(f"latents {tuple(latents.shape)} std {latents.std().item():.3f}")
-    train_dit(transformer, text_encoder, tokenizer, latents, specs, a.dit_steps, a.dit_batch, log)
+    def checkpoint(step: int) -> None:
+        save(a.out.with_name(f"{a.out.name}-step{step}"), tokenizer, text_encoder, transformer, vae)
+
+    train_dit(transformer, text_encoder, tokenizer, latents, specs, a.dit_steps, a.dit_batch, log,
+              checkpoint, a.save_every)
     save(a.out, tokenizer, text_encoder, transformer, vae)
     size = sum(f.stat().st_size for f in a.out.rglob("*") if f.is_file())
     log(f"saved {a.out.name}: {size / 1e6:.2f} MB")
