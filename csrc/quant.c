@@ -62,7 +62,9 @@ int quant_block_elems(int type) {
 }
 
 const char *quant_simd_name(void) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if H3R_AVX512_GEMV
+    return "avx512-vnni";   /* AVX2 kernels plus the AVX-512 VNNI GEMM/GEMV paths */
+#elif defined(__AVX2__) && defined(__FMA__)
     return "avx2";
 #elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
     return "neon-dotprod";

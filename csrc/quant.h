@@ -117,7 +117,7 @@ void vec_dot(int type, int64_t nb, const void *w, const blk_q8x *const *x, int n
 void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw, const blk_q8x *x,
                   float *out);
 
-/* Name of the SIMD variant compiled in: "avx2", "neon-dotprod", "neon" or "scalar". */
+/* Name of the SIMD variant compiled in: "avx512-vnni", "avx2", "neon-dotprod", "neon" or "scalar". */
 const char *quant_simd_name(void);
 
 /* Read every page of every tensor of g in file order, so the first step does
