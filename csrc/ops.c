@@ -431,13 +431,18 @@ typedef struct {
     const float *b;        /* (M,) or NULL */
     int64_t N, K, M, nb;
     int ref;
+    uint8_t *xp;           /* (N, prep) prepared rows for the Q8_0 GEMM, or NULL */
+    size_t prep;           /* bytes per prepared row */
 } qmm_ctx;
 
 /* Phase 1: rows [N*ith/nth, N*(ith+1)/nth) of x -> xq. */
 static void qmm_quantize_worker(void *arg, int ith, int nth) {
     qmm_ctx *c = arg;
     int64_t r0 = c->N * ith / nth, r1 = c->N * (ith + 1) / nth;
-    for (int64_t r = r0; r < r1; r++) quantize_row_q8x(c->x + r * c->K, c->xq + r * c->nb, c->K);
+    for (int64_t r = r0; r < r1; r++) {
+        quantize_row_q8x(c->x + r * c->K, c->xq + r * c->nb, c->K);
+        if (c->xp) q8_gemm_prep(c->xq + r * c->nb, c->nb, c->xp + (size_t)r * c->prep);
+    }
 }
 
 /* Phase 2: output columns [j0, j1) for all N rows. */
@@ -456,9 +461,13 @@ static void qmm_worker(void *arg, int ith, int nth) {
             int nr = N - n < 4 ? (int)(N - n) : 4;
             const blk_q8x *xs[4];
             for (int r = 0; r < nr; r++) xs[r] = c->xq + (n + r) * nb;
+            const uint8_t *xps[4];
+            if (c->xp)
+                for (int r = 0; r < nr; r++) xps[r] = c->xp + (size_t)(n + r) * c->prep;
             for (int64_t j = jb; j < je; j++) {
                 float s[4];
-                dot(c->type, nb, c->w + (size_t)j * c->row_bytes, xs, nr, s);
+                if (c->xp) q8_gemm_dot(nb, c->w + (size_t)j * c->row_bytes, xps, xs, nr, s);
+                else dot(c->type, nb, c->w + (size_t)j * c->row_bytes, xs, nr, s);
                 for (int r = 0; r < nr; r++) c->y[(n + r) * M + j] = c->b ? s[r] + c->b[j] : s[r];
             }
         }
@@ -491,9 +500,15 @@ static int matmul_quant(h3r_pool *p, float *y, const float *x, const h3r_tensor 
         return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory quantizing %lld x %lld activations",
                           (long long)N, (long long)K);
     qmm_ctx c = {y, x, xq, W->data, ggml_type_nbytes(W->type, K), W->type, b, N, K, M, nb,
-                 h3r_ops_force_ref};
+                 h3r_ops_force_ref, NULL, 0};
+    /* Q8_0 with 4-row tiles: activation rows prepared once for the AVX-512 GEMM */
+    if (W->type == GGML_TYPE_Q8_0 && !c.ref && N >= 4 && (c.prep = q8_gemm_prep_bytes(nb)) > 0 &&
+        (uint64_t)N <= SIZE_MAX / c.prep) {
+        c.xp = malloc((size_t)N * c.prep);   /* NULL: fall back to vec_dot */
+    }
     h3r_pool_run(p, qmm_quantize_worker, &c);
     h3r_pool_run(p, qmm_worker, &c);
+    free(c.xp);
     free(xq);
     return 0;
 }

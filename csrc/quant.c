@@ -645,6 +645,92 @@ static void vec_dot_q8_0_512(int64_t nb, const void *w, const blk_q8x *const *x,
     }
 }
 
+/*
+ * Prepared activation row for the Q8_0 GEMM (q8_gemm_prep): the qs of the
+ * row as unsigned bytes qs + 128 (nb * 32), then per block pair the scales
+ * as a 512-bit vector [x[b].d x 8 | x[b+1].d x 8] (nb/2 * 64 bytes).
+ */
+size_t q8_gemm_prep_bytes(int64_t nb) { return (size_t)nb * 32 + (size_t)(nb / 2) * 64; }
+
+void q8_gemm_prep(const blk_q8x *x, int64_t nb, void *dst) {
+    uint8_t *u = dst;
+    float *xd = (float *)(u + nb * 32);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++)
+        _mm256_storeu_si256((__m256i *)(u + 32 * b),
+                            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x[b].qs), bias));
+    for (int64_t b = 0; b + 2 <= nb; b += 2) {
+        _mm256_storeu_ps(xd + 8 * b, _mm256_set1_ps(x[b].d));
+        _mm256_storeu_ps(xd + 8 * b + 8, _mm256_set1_ps(x[b + 1].d));
+    }
+}
+
+/*
+ * vec_dot for Q8_0 with prepared activation rows xp[r] (and the plain rows
+ * x[r] for an odd last block). (a + 128) . w = a . w + 128 * sum(w): the
+ * dpbusd starts from -128 * sum(w) lanes (once per weight pair, shared by the
+ * rows), so its lanes are exactly those of dot32_i8 without a sign fix-up per
+ * row; scales are the same f32 products. Bit-identical to vec_dot.
+ */
+static inline __attribute__((always_inline)) void
+q8_gemm_t(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *const *x, const int nr,
+          float *out) {
+    const blk_q8_0 *p = w;
+    const __m512i zero = _mm512_setzero_si512(), c128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc0[4], acc1[4];
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+#define Q8P_PAIR(b, acc)                                                                                 \
+    do {                                                                                                 \
+        const __m512i wq = _mm512_inserti64x4(                                                           \
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p[b].qs)),                        \
+            _mm256_loadu_si256((const __m256i *)p[(b) + 1].qs), 1);                                      \
+        const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c128, wq));                \
+        const __m512 dw = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(fp16(p[b].d))),       \
+                                             _mm256_set1_ps(fp16(p[(b) + 1].d)), 1);                     \
+        for (int r = 0; r < nr; r++) {                                                                   \
+            const __m512i a = _mm512_loadu_si512((const void *)(xp[r] + 32 * (b)));                      \
+            const __m512 xd = _mm512_loadu_ps((const float *)(xp[r] + 32 * nb) + 8 * (b));              \
+            const __m512i is = _mm512_dpbusd_epi32(corr, a, wq);                                         \
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd), _mm512_cvtepi32_ps(is), acc[r]);             \
+        }                                                                                                \
+    } while (0)
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        _mm_prefetch((const char *)(p + b) + QPF_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + b) + QPF_BYTES + 64, _MM_HINT_T0);
+        Q8P_PAIR(b, acc0);
+        Q8P_PAIR(b + 2, acc1);
+    }
+    int pair_left = b + 2 <= nb;
+    if (pair_left) {
+        Q8P_PAIR(b, acc0);
+        b += 2;
+    }
+#undef Q8P_PAIR
+    for (int r = 0; r < nr; r++) {
+        __m256 c0 = _mm512_castps512_ps256(acc0[r]), c1 = _mm512_extractf32x8_ps(acc0[r], 1);
+        __m256 c2 = _mm512_castps512_ps256(acc1[r]), c3 = _mm512_extractf32x8_ps(acc1[r], 1);
+        if (b < nb) {   /* one block left: chain 2 after a left-over pair, else chain 0 */
+            const __m256i is = dot32_i8(_mm256_loadu_si256((const __m256i *)p[b].qs),
+                                        _mm256_loadu_si256((const __m256i *)x[r][b].qs));
+            const __m256 sc = _mm256_set1_ps(fp16(p[b].d) * x[r][b].d);
+            if (pair_left) c2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c2);
+            else c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
+        }
+        out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
+    }
+}
+
+void q8_gemm_dot(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *const *x, int nr,
+                 float *out) {
+    switch (nr) {
+    case 4: q8_gemm_t(nb, w, xp, x, 4, out); break;
+    case 3: q8_gemm_t(nb, w, xp, x, 3, out); break;
+    case 2: q8_gemm_t(nb, w, xp, x, 2, out); break;
+    default: q8_gemm_t(nb, w, xp, x, 1, out); break;
+    }
+}
+
 
 /* One activation row laid out for the GEMV: block qs contiguous (a pair of
  * blocks is one 64-byte load), the scales contiguous (8 at a time), and for
@@ -1017,3 +1103,15 @@ uint64_t gguf_prewarm(const gguf_file *g) {
     (void)sink;
     return bytes;
 }
+
+#if !H3R_AVX512_GEMV
+/* Without the AVX-512 kernel there is nothing to prepare: the callers check
+ * q8_gemm_prep_bytes() == 0 and use vec_dot. */
+size_t q8_gemm_prep_bytes(int64_t nb) { (void)nb; return 0; }
+void q8_gemm_prep(const blk_q8x *x, int64_t nb, void *dst) { (void)x; (void)nb; (void)dst; }
+void q8_gemm_dot(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *const *x, int nr,
+                 float *out) {
+    (void)xp;
+    vec_dot(GGML_TYPE_Q8_0, nb, w, x, nr, out);
+}
+#endif
