@@ -78,12 +78,33 @@ _lib: C.CDLL | None = None
 
 
 def library_path() -> Path:
-    """Where the engine library is loaded from: $H3RENDER_LIB, else beside this file."""
+    """Where the engine library is loaded from: $H3RENDER_LIB, else beside this file,
+    else in the installed h3render distribution.
+
+    The last case is a process started with `python -c` or `-m` from a source
+    checkout (make demo, the worker's child processes): the current directory
+    comes first on sys.path, so this module is the checkout's, which has no
+    compiled library, while `pip install .` put one into site-packages.
+    """
     env = os.environ.get("H3RENDER_LIB")
     if env:
         return Path(env)
-    suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    return Path(__file__).with_name("libh3render" + suffix)
+    name = "libh3render" + (".dylib" if sys.platform == "darwin" else ".so")
+    beside = Path(__file__).with_name(name)
+    if beside.is_file():
+        return beside
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        dist = distribution("h3render")
+    except PackageNotFoundError:
+        return beside
+    for f in dist.files or ():
+        if f.name == name and f.parent.name == "engine":
+            installed = Path(dist.locate_file(f))
+            if installed.is_file():
+                return installed
+    return beside
 
 
 def load_library() -> C.CDLL:
