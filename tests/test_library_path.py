@@ -24,5 +24,5 @@ def test_checkout_on_sys_path_still_loads_the_installed_library():
     assert proc.returncode == 0, proc.stderr
     module, lib, loaded = proc.stdout.split()
     assert Path(module).is_relative_to(ROOT)          # the checkout's module was imported
-    assert not Path(lib).is_relative_to(ROOT)         # the installed library was found
+    assert not Path(lib).is_relative_to(ROOT / "h3render")  # the installed library was found
     assert loaded == "loaded"
