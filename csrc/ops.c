@@ -754,6 +754,87 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
 }
 
 /*
+ * exp for the softmax, x <= 0 in use: Cephes' expf (Cody-Waite reduction
+ * x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial, within 2 ulp of expf),
+ * with x clamped to [-88, 88] and 2^n built in the exponent bits, so
+ * x <= -88 (and -inf, a masked score) gives exactly 0 (no denormals).
+ * Every step is one rounding (fmaf, or a lone * / +), so the SIMD kernel
+ * below, doing the same steps lane by lane, is bit-identical.
+ */
+static inline float exp_ref(float x) {
+    x = -88.0f > x ? -88.0f : x;   /* as max_ps(-88, x): NaN passes */
+    x = 88.0f < x ? 88.0f : x;     /* as min_ps(88, x) */
+    const float n = rintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    const float z = r * r;
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float y = fmaf(p, z, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, sizeof s);
+    return y * s;
+}
+
+#if OPS_AVX && defined(__AVX2__)
+/* exp_ref on 8 lanes, step for step. */
+static inline __m256 exp_avx(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-88.0f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#define OPS_EXP_AVX 1
+#else
+#define OPS_EXP_AVX 0
+#endif
+
+/*
+ * One row of a score tile: S[j] = exp_ref(S[j] - mx) for j < bk, returns
+ * their sum in lanes acc[l] += S[j] for l = j mod 8 (in j order), combined
+ * as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). The AVX path computes exactly
+ * this (ref: scalar only).
+ */
+static float softmax_exp_row(float *S, int bk, float mx, int ref) {
+    float acc[8] = {0};
+    int j = 0;
+#if OPS_EXP_AVX
+    if (!ref) {
+        const __m256 m = _mm256_set1_ps(mx);
+        __m256 a = _mm256_setzero_ps();
+        for (; j + 8 <= bk; j += 8) {
+            const __m256 e = exp_avx(_mm256_sub_ps(_mm256_loadu_ps(S + j), m));
+            _mm256_storeu_ps(S + j, e);
+            a = _mm256_add_ps(a, e);
+        }
+        _mm256_storeu_ps(acc, a);
+    }
+#endif
+    for (; j < bk; j++) {
+        S[j] = exp_ref(S[j] - mx);
+        acc[j % 8] += S[j];
+    }
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/*
  * One work item: head h, query rows [i0, i0+bq). Online softmax over key
  * tiles: running max m, running sum l and unnormalised output O per row,
  * rescaled by exp(m_old - m_new) when the max grows. Per tile: scores S
@@ -803,12 +884,7 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
             float *Oi = O + (size_t)i * Dh;
             if (corr != 1.0f)
                 for (int d = 0; d < Dh; d++) Oi[d] *= corr;
-            float sum = 0.0f;
-            for (int j = 0; j < bk; j++) {
-                float pj = expf(Si[j] - mn);
-                Si[j] = pj;
-                sum += pj;
-            }
+            float sum = softmax_exp_row(Si, bk, mn, c->ref);
             l[i] = l[i] * corr + sum;
             m[i] = mn;
         }
