@@ -409,7 +409,8 @@ static void matmul_worker(void *arg, int ith, int nth) {
  * xq (N, K/32) activation blocks, rows split over threads. Phase 2 splits the
  * M output columns into one contiguous chunk per thread; within it, QMM_JB
  * weight rows (a few KiB, cache-resident) meet every activation row, four
- * activation rows per kernel call so each weight load feeds four dots:
+ * activation rows per kernel call so each weight load feeds four dots (eight
+ * in the AVX-512 Q8_0 GEMM, which then also sums the 8 rows' lanes at once):
  *
  *   for each block of QMM_JB weight rows in the chunk:
  *     for n in 0, 4, 8, ... N:           (then single rows for N mod 4)
@@ -453,19 +454,21 @@ static void qmm_worker(void *arg, int ith, int nth) {
     int64_t j0 = chunk * ith, j1 = j0 + chunk < M ? j0 + chunk : M;
     void (*dot)(int, int64_t, const void *, const blk_q8x *const *, int, float *) =
         c->ref ? vec_dot_ref : vec_dot;
-    /* rows of x left over after the 4-row groups: weight rows 4 at a time */
+    /* rows of x left over after the 4-row groups: weight rows 4 at a time;
+     * the Q8_0 GEMM takes the groups 8 rows at a time (then one of 4) */
     const int64_t N4 = c->ref ? N : N / 4 * 4;
+    const int G = c->xp ? 8 : 4;
     for (int64_t jb = j0; jb < j1; jb += QMM_JB) {
         int64_t je = jb + QMM_JB < j1 ? jb + QMM_JB : j1;
-        for (int64_t n = 0; n < N4; n += 4) {
-            int nr = N - n < 4 ? (int)(N - n) : 4;
-            const blk_q8x *xs[4];
+        for (int64_t n = 0; n < N4; n += G) {
+            int nr = N4 - n < G ? (int)(N4 - n) : G;
+            const blk_q8x *xs[8];
             for (int r = 0; r < nr; r++) xs[r] = c->xq + (n + r) * nb;
-            const uint8_t *xps[4];
+            const uint8_t *xps[8];
             if (c->xp)
                 for (int r = 0; r < nr; r++) xps[r] = c->xp + (size_t)(n + r) * c->prep;
             for (int64_t j = jb; j < je; j++) {
-                float s[4];
+                float s[8];
                 if (c->xp) q8_gemm_dot(nb, c->w + (size_t)j * c->row_bytes, xps, xs, nr, s);
                 else dot(c->type, nb, c->w + (size_t)j * c->row_bytes, xs, nr, s);
                 for (int r = 0; r < nr; r++) c->y[(n + r) * M + j] = c->b ? s[r] + c->b[j] : s[r];
@@ -501,7 +504,7 @@ static int matmul_quant(h3r_pool *p, float *y, const float *x, const h3r_tensor 
                           (long long)N, (long long)K);
     qmm_ctx c = {y, x, xq, W->data, ggml_type_nbytes(W->type, K), W->type, b, N, K, M, nb,
                  h3r_ops_force_ref, NULL, 0};
-    /* Q8_0 with 4-row tiles: activation rows prepared once for the AVX-512 GEMM */
+    /* Q8_0 with 4- and 8-row tiles: activation rows prepared once for the AVX-512 GEMM */
     if (W->type == GGML_TYPE_Q8_0 && !c.ref && N >= 4 && (c.prep = q8_gemm_prep_bytes(nb)) > 0 &&
         (uint64_t)N <= SIZE_MAX / c.prep) {
         c.xp = malloc((size_t)N * c.prep);   /* NULL: fall back to vec_dot */

@@ -677,8 +677,8 @@ q8_gemm_t(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *co
           float *out) {
     const blk_q8_0 *p = w;
     const __m512i zero = _mm512_setzero_si512(), c128 = _mm512_set1_epi8((char)0x80);
-    __m512 acc0[4], acc1[4];
-    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    __m512 acc0[8], acc1[8];
+    for (int r = 0; r < 8; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
 #define Q8P_PAIR(b, acc)                                                                                 \
     do {                                                                                                 \
         const __m512i wq = _mm512_inserti64x4(                                                           \
@@ -707,6 +707,26 @@ q8_gemm_t(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *co
         b += 2;
     }
 #undef Q8P_PAIR
+    if (nr == 8 && b == nb) {
+        /* the per-row sums of the loop below for 8 rows at once: per row
+         * u = acc0 + acc1 is (c0 + c2) | (c1 + c3), l = low + high half its
+         * 8 lanes, s_i = l_i + l_(i+4), t0 = s0 + s2, t1 = s1 + s3, out =
+         * t0 + t1: hsum8's tree, rows r and r+4 in the two 128-bit halves */
+        __m256 l[8], s[4], t[4];
+        for (int r = 0; r < 8; r++) {
+            const __m512 u = _mm512_add_ps(acc0[r], acc1[r]);
+            l[r] = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+        }
+        for (int r = 0; r < 4; r++)   /* s lanes: s(row r) 0-3 | s(row r+4) 0-3 */
+            s[r] = _mm256_add_ps(_mm256_permute2f128_ps(l[r], l[r + 4], 0x20),
+                                 _mm256_permute2f128_ps(l[r], l[r + 4], 0x31));
+        for (int r = 0; r < 4; r += 2)   /* t lanes: t0, t1 of row r, of row r+1 (| rows +4) */
+            t[r / 2] = _mm256_add_ps(_mm256_shuffle_ps(s[r], s[r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm256_shuffle_ps(s[r], s[r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                            _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1))));
+        return;
+    }
     for (int r = 0; r < nr; r++) {
         __m256 c0 = _mm512_castps512_ps256(acc0[r]), c1 = _mm512_extractf32x8_ps(acc0[r], 1);
         __m256 c2 = _mm512_castps512_ps256(acc1[r]), c3 = _mm512_extractf32x8_ps(acc1[r], 1);
@@ -724,6 +744,10 @@ q8_gemm_t(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *co
 void q8_gemm_dot(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *const *x, int nr,
                  float *out) {
     switch (nr) {
+    case 8: q8_gemm_t(nb, w, xp, x, 8, out); break;
+    case 7: q8_gemm_t(nb, w, xp, x, 7, out); break;
+    case 6: q8_gemm_t(nb, w, xp, x, 6, out); break;
+    case 5: q8_gemm_t(nb, w, xp, x, 5, out); break;
     case 4: q8_gemm_t(nb, w, xp, x, 4, out); break;
     case 3: q8_gemm_t(nb, w, xp, x, 3, out); break;
     case 2: q8_gemm_t(nb, w, xp, x, 2, out); break;

@@ -121,7 +121,7 @@ void vec_dot_rows(int type, int64_t nb, const void *w, size_t row_bytes, int nw,
  * Q8_0 GEMM with prepared activation rows (AVX-512 VNNI builds): each row of
  * nb blocks is first laid out by q8_gemm_prep into q8_gemm_prep_bytes(nb)
  * bytes (0 where the kernel is not built: then use vec_dot). q8_gemm_dot
- * takes one weight row, nr (1..4) prepared rows xp[r] and the same rows x[r]
+ * takes one weight row, nr (1..8) prepared rows xp[r] and the same rows x[r]
  * -> out[r], bit-identical to vec_dot(GGML_TYPE_Q8_0, nb, w, x, nr, out).
  */
 size_t q8_gemm_prep_bytes(int64_t nb);

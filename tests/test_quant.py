@@ -278,12 +278,17 @@ def activation_dequant(x: np.ndarray) -> np.ndarray:
 
 
 # N around the 4-row kernel, M around the 16-row weight block and thread chunks.
-QSHAPES = [(1, 256, 1), (3, 256, 17), (4, 512, 33), (9, 256, 16), (13, 768, 40), (70, 256, 5)]
+# N = 20: two 8-row groups of the Q8_0 GEMM and one of 4; K = 288: an odd block count (9),
+# for the 32-element types only.
+QSHAPES = [(1, 256, 1), (3, 256, 17), (4, 512, 33), (9, 256, 16), (13, 768, 40), (70, 256, 5),
+           (20, 512, 24), (20, 288, 24)]
 
 
 @pytest.mark.parametrize("name", list(TYPES))
 @pytest.mark.parametrize("N,K,M", QSHAPES)
 def test_quantized_matmul(name, N, K, M):
+    if K % TYPES[name][1]:
+        pytest.skip(f"{name} blocks hold {TYPES[name][1]} elements; K={K} is not a multiple")
     rng = np.random.default_rng(N * 7 + K + M)
     x = rng.standard_normal((N, K)).astype(np.float32)
     w = rng.standard_normal((M, K)).astype(np.float32)
@@ -292,6 +297,9 @@ def test_quantized_matmul(name, N, K, M):
     outs = [matmul(name, x, w_raw, b, M, t) for t in (1, 2, 3)]
     for t, y in zip((2, 3), outs[1:]):
         assert y.tobytes() == outs[0].tobytes(), f"{name}: {t} threads differ from 1"
+    for n in range(N):  # row tiles (8 / 4 / 1 rows per kernel call) do not change a row's result
+        one = matmul(name, x[n:n + 1], w_raw, b, M, 1)
+        assert one.tobytes() == outs[0][n:n + 1].tobytes(), f"{name}: row {n} alone differs from its tile"
     wq = gguf_dequantize(w_raw, TYPES[name][0]).astype(np.float64)
     exact = activation_dequant(x) @ wq.T + b
     assert rel_err(outs[0], exact) < TOL_QMATMUL
