@@ -421,6 +421,7 @@ static void matmul_worker(void *arg, int ith, int nth) {
  */
 
 #define QMM_JB 16   /* weight rows per cache block */
+#define QMM_L2_HALF (256 * 1024)   /* bytes of weight rows per cache block in the Q8_0 GEMM */
 
 typedef struct {
     float *y;              /* (N, M) */
@@ -458,8 +459,13 @@ static void qmm_worker(void *arg, int ith, int nth) {
      * the Q8_0 GEMM takes the groups 8 rows at a time (then one of 4) */
     const int64_t N4 = c->ref ? N : N / 4 * 4;
     const int G = c->xp ? 8 : 4;
-    for (int64_t jb = j0; jb < j1; jb += QMM_JB) {
-        int64_t je = jb + QMM_JB < j1 ? jb + QMM_JB : j1;
+    /* the Q8_0 GEMM: its prepared rows (2 bytes per weight) outweigh a weight
+     * row, so the weight block is as large as half an L2 holds and each 8-row
+     * group of them stays in L1 while the block streams past */
+    int64_t JB = QMM_JB;
+    if (c->xp && (int64_t)(QMM_L2_HALF / c->row_bytes) > JB) JB = (int64_t)(QMM_L2_HALF / c->row_bytes);
+    for (int64_t jb = j0; jb < j1; jb += JB) {
+        int64_t je = jb + JB < j1 ? jb + JB : j1;
         for (int64_t n = 0; n < N4; n += G) {
             int nr = N4 - n < G ? (int)(N4 - n) : G;
             const blk_q8x *xs[8];
