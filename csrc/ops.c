@@ -660,7 +660,7 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
 /*
  * O (bq, Dh) += P (bq, bk) @ V (bk, Dh), P = the tile's probabilities in S
  * (stride ATT_BK), V rows at stride ld. Each O element gets its bk terms in
- * key order, product then add, so the AVX path (4 rows x 16 columns kept in
+ * key order, product then add, so the AVX path (4 rows x 64 / 32 / 16 columns kept in
  * registers across the keys) is bit-identical to the scalar loop.
  */
 static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float *v, int64_t ld,
@@ -674,6 +674,27 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                         *p3 = p2 + ATT_BK;
             int d = 0;
 #if defined(__AVX512F__)
+            for (; d + 64 <= Dh; d += 64) {   /* 4 rows x 64 columns: each v load serves 4 FMAs */
+                float *o[4] = {o0, o1, o2, o3};
+                const float *pr[4] = {p0, p1, p2, p3};
+                __m512 c[4][4];
+                for (int r = 0; r < 4; r++)
+                    for (int u = 0; u < 4; u++) c[r][u] = _mm512_loadu_ps(o[r] + d + 16 * u);
+                for (int j = 0; j < bk; j++) {
+                    const float *vj = v + j * ld + d;
+                    __m512 vv[4];
+                    for (int u = 0; u < 4; u++) {
+                        vv[u] = _mm512_loadu_ps(vj + 16 * u);
+                        __asm__("" : "+v"(vv[u]));   /* loaded once for the 4 rows */
+                    }
+                    for (int r = 0; r < 4; r++) {
+                        const __m512 p = _mm512_set1_ps(pr[r][j]);
+                        for (int u = 0; u < 4; u++) c[r][u] = _mm512_fmadd_ps(p, vv[u], c[r][u]);
+                    }
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int u = 0; u < 4; u++) _mm512_storeu_ps(o[r] + d + 16 * u, c[r][u]);
+            }
             for (; d + 32 <= Dh; d += 32) {   /* the same chains, 16 columns per register */
                 __m512 c00 = _mm512_loadu_ps(o0 + d), c01 = _mm512_loadu_ps(o0 + d + 16);
                 __m512 c10 = _mm512_loadu_ps(o1 + d), c11 = _mm512_loadu_ps(o1 + d + 16);
@@ -882,7 +903,18 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
         for (int i = 0; i < bq; i++) {
             float *Si = S + (size_t)i * ATT_BK;
             float mt = -INFINITY;
-            for (int j = 0; j < bk; j++)
+            int j = 0;
+#if OPS_EXP_AVX
+            if (!c->ref && bk >= 8) {   /* max is exact: the lane order only moves a +-0 tie */
+                __m256 mv = _mm256_set1_ps(-INFINITY);
+                for (; j + 8 <= bk; j += 8) mv = _mm256_max_ps(_mm256_loadu_ps(Si + j), mv);
+                float ml[8];
+                _mm256_storeu_ps(ml, mv);
+                for (int u = 0; u < 8; u++)
+                    if (ml[u] > mt) mt = ml[u];
+            }
+#endif
+            for (; j < bk; j++)
                 if (Si[j] > mt) mt = Si[j];
             float mn = m[i] > mt ? m[i] : mt;
             if (mn == -INFINITY) {               /* everything so far masked */

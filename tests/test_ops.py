@@ -124,7 +124,8 @@ def attention(q, k, v, H, Dh, scale, threads, bias=None):
     return out
 
 
-ATT_SHAPES = [(1, 1, 1, 1), (37, 70, 3, 12), (16, 64, 2, 8), (33, 130, 2, 16), (70, 5, 1, 128), (3, 200, 4, 7)]
+ATT_SHAPES = [(1, 1, 1, 1), (37, 70, 3, 12), (16, 64, 2, 8), (33, 130, 2, 16), (70, 5, 1, 128), (3, 200, 4, 7),
+              (20, 75, 2, 112)]   # Dh 112: the 64-, 32- and 16-column P V tiles in one row
 
 
 @pytest.mark.parametrize("Nq,Nk,H,Dh", ATT_SHAPES)
