@@ -612,6 +612,40 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
                         for (int p = 0; p < 4; p++) acc[p][c] = _mm512_fmadd_ps(qv[p], kv, acc[p][c]);
                     }
                 }
+                if (D8 == Dh) {
+                    /* hsum_avx's tree for all 32 dots at once: acc[p][c] (a = 4p + c)
+                     * holds rows 2p | 2p+1 in its 128-bit lanes L0 L1 | L2 L3.
+                     * s1[k]: l + l+4 of acc a = 2k, 2k+1 (lane q: a = 2k + q/2, row
+                     * 2p + q%2); s2[m]: (s0+s2), (s1+s3) of s1[2m], s1[2m+1]; s3[n]:
+                     * t0 + t1 of s2[2n], s2[2n+1], element e of lane q from s1[4n+e] */
+                    __m512 s1[8], s2[4], s3[2];
+#define ATT_S1(kk, X, Y)                                                                        \
+    s1[kk] = _mm512_add_ps(_mm512_shuffle_f32x4(X, Y, _MM_SHUFFLE(2, 0, 2, 0)),                \
+                           _mm512_shuffle_f32x4(X, Y, _MM_SHUFFLE(3, 1, 3, 1)))
+                    ATT_S1(0, acc[0][0], acc[0][1]); ATT_S1(1, acc[0][2], acc[0][3]);
+                    ATT_S1(2, acc[1][0], acc[1][1]); ATT_S1(3, acc[1][2], acc[1][3]);
+                    ATT_S1(4, acc[2][0], acc[2][1]); ATT_S1(5, acc[2][2], acc[2][3]);
+                    ATT_S1(6, acc[3][0], acc[3][1]); ATT_S1(7, acc[3][2], acc[3][3]);
+#undef ATT_S1
+#pragma GCC unroll 4
+                    for (int m2 = 0; m2 < 4; m2++)
+                        s2[m2] = _mm512_add_ps(_mm512_shuffle_ps(s1[2 * m2], s1[2 * m2 + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                               _mm512_shuffle_ps(s1[2 * m2], s1[2 * m2 + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 2
+                    for (int n2 = 0; n2 < 2; n2++)
+                        s3[n2] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * n2], s2[2 * n2 + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                               _mm512_shuffle_ps(s2[2 * n2], s2[2 * n2 + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+                    float buf[32];
+                    _mm512_storeu_ps(buf, _mm512_mul_ps(_mm512_set1_ps(scale), s3[0]));
+                    _mm512_storeu_ps(buf + 16, _mm512_mul_ps(_mm512_set1_ps(scale), s3[1]));
+#pragma GCC unroll 32
+                    for (int idx = 0; idx < 32; idx++) {
+                        const int n2 = idx >> 4, ql = (idx >> 2) & 3, e = idx & 3;
+                        const int a = 2 * (4 * n2 + e) + (ql >> 1);
+                        S[(i + 2 * (a >> 2) + (ql & 1)) * ATT_BK + j + (a & 3)] = buf[idx];
+                    }
+                    continue;
+                }
                 for (int p = 0; p < 4; p++)
                     for (int c = 0; c < 4; c++) {
                         const float *q0 = q + (i + 2 * p) * ld, *q1 = q0 + ld, *kc = k + (j + c) * ld;
