@@ -1017,10 +1017,20 @@ int op_attention(h3r_pool *p, float *out, const float *q, const float *k, const 
 void op_layernorm(float *x, int64_t N, int64_t D, const float *w, const float *b, float eps) {
     for (int64_t n = 0; n < N; n++) {
         float *r = x + n * D;
-        double mean = 0.0, var = 0.0;
-        for (int64_t d = 0; d < D; d++) mean += r[d];
+        /* sums in 8 double lanes (l = d mod 8, d in order; the compiler
+         * vectorizes the lanes) combined by a fixed tree, then the tail in
+         * order: one order whatever the build, and no serial add chain */
+        double am[8] = {0}, av[8] = {0};
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8)
+            for (int l = 0; l < 8; l++) am[l] += r[d + l];
+        double mean = ((am[0] + am[4]) + (am[2] + am[6])) + ((am[1] + am[5]) + (am[3] + am[7]));
+        for (; d < D; d++) mean += r[d];
         mean /= (double)D;
-        for (int64_t d = 0; d < D; d++) { double t = r[d] - mean; var += t * t; }
+        for (d = 0; d + 8 <= D; d += 8)
+            for (int l = 0; l < 8; l++) { double t = r[d + l] - mean; av[l] += t * t; }
+        double var = ((av[0] + av[4]) + (av[2] + av[6])) + ((av[1] + av[5]) + (av[3] + av[7]));
+        for (; d < D; d++) { double t = r[d] - mean; var += t * t; }
         var /= (double)D;
         double rstd = 1.0 / sqrt(var + (double)eps);
         for (int64_t d = 0; d < D; d++) {
@@ -1036,8 +1046,12 @@ void op_layernorm(float *x, int64_t N, int64_t D, const float *w, const float *b
 void op_rmsnorm(float *x, int64_t N, int64_t D, const float *w, float eps) {
     for (int64_t n = 0; n < N; n++) {
         float *r = x + n * D;
-        double ss = 0.0;
-        for (int64_t d = 0; d < D; d++) ss += (double)r[d] * r[d];
+        double as[8] = {0};   /* 8 lanes and a fixed tree, as in op_layernorm */
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8)
+            for (int l = 0; l < 8; l++) as[l] += (double)r[d + l] * r[d + l];
+        double ss = ((as[0] + as[4]) + (as[2] + as[6])) + ((as[1] + as[5]) + (as[3] + as[7]));
+        for (; d < D; d++) ss += (double)r[d] * r[d];
         double rstd = 1.0 / sqrt(ss / (double)D + (double)eps);
         for (int64_t d = 0; d < D; d++) {
             float y = (float)(r[d] * rstd);
