@@ -25,6 +25,26 @@ from tokenizers import Tokenizer
 from h3render.engine.exceptions import ModelFileError
 
 TOKENIZER_FILE = "tokenizer.json"
+# T5's special tokens, at the ids UMT5 gives them.
+SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>"]
+
+
+def word_level_tokenizer(words: list[str]) -> Tokenizer:
+    """A T5-style word-level tokenizer over `words` (ids after the special tokens):
+    NFKC and lower-casing, whitespace split, </s> appended. The built-in demo models
+    ship one, saved as their tokenizer.json."""
+    from tokenizers import normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+
+    vocab = {w: i for i, w in enumerate(SPECIAL_TOKENS + [w for w in words if w not in SPECIAL_TOKENS])}
+    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
 
 
 def clean_prompt(text: str) -> str:

@@ -79,18 +79,10 @@ def vocabulary() -> list[str]:
 
 
 def build_tokenizer():
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
+    """The demo model's word-level tokenizer (the same builder as the test pipeline's)."""
+    from h3render.engine.tokenize import word_level_tokenizer
 
-    vocab = {w: i for i, w in enumerate(vocabulary())}
-    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
-    )
-    tok.add_special_tokens(SPECIAL)
-    return tok
+    return word_level_tokenizer(vocabulary()[len(SPECIAL):])
 
 
 # ---- models --------------------------------------------------------------------------------
