@@ -49,7 +49,9 @@ DIRECTION_VECTORS: dict[str, tuple[int, int]] = {
 }  # fmt: skip
 # frame widths per frame
 SPEED_VALUES: dict[str, float] = {"slow": 1.0 / 32, "fast": 1.75 / 32}
-SIZE_RANGE = (0.30, 0.40)  # bounding-box side, fraction of the frame's shorter side
+SIZE_RANGE = (0.34, 0.38)  # bounding-box side, fraction of the frame's shorter side
+JITTER = 0.03  # start-position jitter, fraction of the frame (1 px at 32x32)
+LANE = 0.2  # two-shape clips: each path this far off centre, across its motion
 
 # ---- caption synonyms ----------------------------------------------------------------
 
@@ -120,8 +122,17 @@ def _pick(rng: np.random.Generator, options):
     return options[int(rng.integers(len(options)))]
 
 
-def _place(rng: np.random.Generator, direction: str, speed: str, size: float, frames: int):
-    """A start centre such that the shape stays inside the frame for all frames."""
+def _place(rng: np.random.Generator, direction: str, speed: str, size: float, frames: int,
+           lane: float = 0.0):
+    """A start centre: the path centred in the frame, jittered by up to JITTER.
+
+    The path's midpoint sits at the frame centre, moved by `lane` across the
+    motion (two-shape clips use separate lanes), so a caption fixes its clip up
+    to about a pixel. A random start anywhere in the frame makes the clips of one
+    caption a wide, many-moded distribution, and a one-million-parameter DiT
+    trained for CPU minutes answered it with fragments of colour in several
+    places instead of one shape (docs/DEMO_MODEL.md).
+    """
     dx, dy = DIRECTION_VECTORS[direction]
     travel = SPEED_VALUES[speed] * (frames - 1)
     half = size / 2 + 0.04  # > 1 pixel of margin at 32x32
@@ -132,18 +143,20 @@ def _place(rng: np.random.Generator, direction: str, speed: str, size: float, fr
     start_hi = hi - np.maximum(0, np.array([dx, dy])) * travel
     if np.any(start_hi < start_lo):
         raise ValueError(f"size={size} with speed={speed!r} does not fit in {frames} frames")
-    p = start_lo + rng.random(2) * (start_hi - start_lo)
+    centred = np.array([0.5, 0.5]) - np.array([dx, dy]) * travel / 2
+    centred += lane * np.array([abs(dy), abs(dx)])  # across the motion
+    p = np.clip(centred + (rng.random(2) * 2 - 1) * JITTER, start_lo, start_hi)
     return float(p[0]), float(p[1])
 
 
-def sample_shape(rng: np.random.Generator, frames: int = 9, **fixed) -> ShapeSpec:
+def sample_shape(rng: np.random.Generator, frames: int = 9, lane: float = 0.0, **fixed) -> ShapeSpec:
     """A random ShapeSpec; keyword arguments (shape=, color=, ...) pin attributes."""
     shape = fixed.get("shape") or _pick(rng, SHAPES)
     color = fixed.get("color") or _pick(rng, tuple(COLORS))
     direction = fixed.get("direction") or _pick(rng, DIRECTIONS)
     speed = fixed.get("speed") or _pick(rng, SPEEDS)
     size = float(SIZE_RANGE[0] + rng.random() * (SIZE_RANGE[1] - SIZE_RANGE[0]))
-    x0, y0 = _place(rng, direction, speed, size, frames)
+    x0, y0 = _place(rng, direction, speed, size, frames, lane)
     return ShapeSpec(shape, color, direction, speed, size, x0, y0)
 
 
@@ -184,11 +197,12 @@ def sample_spec(rng: np.random.Generator, frames: int = 9, two_shape_prob: float
     speed=) and the background (background=).
     """
     background = fixed.pop("background", None) or _pick(rng, tuple(BACKGROUNDS))
-    objects = [sample_shape(rng, frames, **fixed)]
-    if rng.random() < two_shape_prob:
-        second = sample_shape(rng, frames)
+    two = rng.random() < two_shape_prob
+    objects = [sample_shape(rng, frames, -LANE if two else 0.0, **fixed)]
+    if two:
+        second = sample_shape(rng, frames, LANE)
         while second.color == objects[0].color:
-            second = sample_shape(rng, frames)
+            second = sample_shape(rng, frames, LANE)
         objects.append(second)
     objs = tuple(objects)
     return ClipSpec(background, objs, caption_for(rng, background, objs), frames)

@@ -110,3 +110,25 @@ def test_unknown_shape_is_named():
     bad = dd.ClipSpec(spec.background, (dd.ShapeSpec("hexagon", "red", "left", "slow", 0.3, 0.5, 0.5),))
     with pytest.raises(ValueError, match="hexagon"):
         dd.render_clip(bad)
+
+
+def test_a_caption_fixes_its_clip_up_to_the_jitter():
+    """Single-shape paths are centred in the frame: start within JITTER of the centred start."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        o = dd.sample_spec(rng, two_shape_prob=0.0).main
+        dx, dy = dd.DIRECTION_VECTORS[o.direction]
+        half_travel = dd.SPEED_VALUES[o.speed] * 8 / 2
+        assert abs(o.x0 - (0.5 - dx * half_travel)) <= dd.JITTER + 1e-9
+        assert abs(o.y0 - (0.5 - dy * half_travel)) <= dd.JITTER + 1e-9
+        assert dd.SIZE_RANGE[0] <= o.size <= dd.SIZE_RANGE[1]
+
+
+def test_two_shape_clips_move_in_separate_lanes():
+    rng = np.random.default_rng(6)
+    for _ in range(100):
+        a, b = dd.sample_spec(rng, two_shape_prob=1.0).objects
+        # across its own motion each path is LANE off centre, the first on the low side
+        across = [o.y0 if dd.DIRECTION_VECTORS[o.direction][1] == 0 else o.x0 for o in (a, b)]
+        assert abs(across[0] - (0.5 - dd.LANE)) <= dd.JITTER + 1e-9
+        assert abs(across[1] - (0.5 + dd.LANE)) <= dd.JITTER + 1e-9

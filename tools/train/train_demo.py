@@ -207,7 +207,7 @@ def encode_dataset(vae, n: int, batch: int, log: Log, mean, std):
     """Encode n fresh clips once: normalised latents (n, C, T, Y, X) and their specs."""
     import torch
 
-    specs_it = dd.training_specs(SEED + 3, frames=FRAMES, two_shape_prob=0.2)
+    specs_it = dd.training_specs(SEED + 3, frames=FRAMES, two_shape_prob=0.1)
     specs, lat = [], []
     m = torch.tensor(mean).view(1, -1, 1, 1, 1)
     s = torch.tensor(std).view(1, -1, 1, 1, 1)
