@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.queue.errors import JobValidationError, NotFoundError, Problem, QueueError, QueueInputError
 
 INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps", "preview_every")
@@ -138,7 +139,7 @@ _job_options = [
     click.option("--shift", default=None),
     click.option("--sampler", default=None, help="unipc or euler"),
     click.option("--quant", default=None, help="quant level of the DiT (f16, q8_0, ...)"),
-    click.option("--model", default=None, help="model name (default tiny-wan)"),
+    click.option("--model", default=None, help=f"model name (default {DEFAULT_MODEL})"),
     click.option("--fps", default=None),
     click.option("--preview-every", "preview_every", default=None,
                  help="a preview frame every n denoising steps into the job's meta (0: none, the default)"),

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.engine.exceptions import ConvertError, EngineError, InvalidRequestError, ModelNotFoundError
 
 # Used only when the engine's info has no "defaults" entry for a field.
@@ -230,7 +231,7 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
 
 
 @click.command()
-@click.option("--model", "model", default="tiny-wan", show_default=True, metavar="DIR|NAME",
+@click.option("--model", "model", default=DEFAULT_MODEL, show_default=True, metavar="DIR|NAME",
               help="Model directory, or the name of an installed or built-in model.")
 @click.option("--prompt", required=True, help="What to render.")
 @click.option("--negative-prompt", default=None, help="What to steer away from (with guidance > 1).")

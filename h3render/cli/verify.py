@@ -14,6 +14,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from h3render.engine.builtin import DEFAULT_MODEL
+
 
 class BadInput(Exception):
     """A command-line value is unusable; the message names the option."""
@@ -107,7 +109,7 @@ def execute(model: str, quant: str | None, threads: int, seed: int, as_json: boo
 
 
 @click.command()
-@click.option("--model", "model", default="tiny-wan", show_default=True, metavar="DIR|NAME",
+@click.option("--model", "model", default=DEFAULT_MODEL, show_default=True, metavar="DIR|NAME",
               help="Model directory, or the name of an installed or built-in model.")
 @click.option("--quant", default=None, help="Comma-separated quant levels to check (default: every level present).")
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,

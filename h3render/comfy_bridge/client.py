@@ -457,7 +457,7 @@ def node_choices(settings: Settings | None = None) -> tuple[list[str], list[str]
         from h3render.engine.models import BUILTIN_QUANTS, list_models
 
         for m in list_models():
-            local.append((m.name, list(m.quants) or (list(BUILTIN_QUANTS) if m.builtin else [])))
+            local.append((m.name, list(m.quants) or list(BUILTIN_QUANTS.get(m.name, ()))))
     except Exception:  # noqa: BLE001 - a broken models dir must not break ComfyUI's node list
         pass
     return inp.merge_choices(published, local)

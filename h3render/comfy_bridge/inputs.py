@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.queue.errors import JobValidationError, Problem
 from h3render.queue.sweep import from_flags
 
 DEFAULT_QUANT = "default"  # the quant choice that means "the model's default level"
-DEFAULT_MODEL = "tiny-wan"
 
 
 def render_payload(

@@ -18,9 +18,9 @@ placed or symlinked at $H3RENDER_HOME/models/<name>. Its quant levels are h3.c's
 Jobs name a model; they never pass a path (`resolve_model` accepts only a
 plain name). The CLI may also take a directory (`resolve_model_arg`).
 
-The built-in model "tiny-wan" ships as a diffusers-layout pipeline in the
-package data (h3render/data/tiny-wan) and is converted into the models
-directory the first time it is used: into a temporary sibling directory, then
+The built-in models (h3render.engine.builtin) ship as diffusers-layout pipelines
+in the package data (h3render/data/<name>) and are converted into the models
+directory the first time they are used: into a temporary sibling directory, then
 renamed, so a crash or a concurrent first use never leaves a half model.
 """
 
@@ -38,10 +38,7 @@ from pydantic import BaseModel
 from h3render import paths
 from h3render.engine.exceptions import InvalidRequestError, ModelFileError, ModelNotFoundError
 
-DEFAULT_MODEL = "tiny-wan"
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-BUILTIN: dict[str, Path] = {DEFAULT_MODEL: DATA_DIR / DEFAULT_MODEL}
-BUILTIN_QUANTS = ("f32", "f16")
+from h3render.engine.builtin import BUILTIN, BUILTIN_QUANTS, DATA_DIR, DEFAULT_MODEL  # noqa: F401
 MODEL_FILE = "model.json"
 COMPONENTS = ("transformer", "text_encoder", "vae")
 H3_MARKER = "FL2VA"  # an H3 snapshot's required variant folder
@@ -224,7 +221,7 @@ def ensure_builtin(name: str = DEFAULT_MODEL) -> Path:
     src = BUILTIN[name]
     if not src.is_dir():
         raise ModelNotFoundError(f"built-in model {name!r} is missing from the package data ({src})")
-    return install_pipeline(src, name, BUILTIN_QUANTS)
+    return install_pipeline(src, name, BUILTIN_QUANTS[name])
 
 
 def install_pipeline(src: Path, name: str, quants: tuple[str, ...] | list[str]) -> Path:

@@ -21,10 +21,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.engine.limits import MAX_FRAMES, MAX_SIDE
 
 RENDER_FUNC = "h3render.worker.render.render_job"
-DEFAULT_MODEL = "tiny-wan"
 SEED_MAX = 2**63 - 1
 MAX_PROMPT_CHARS = 4000
 SAMPLERS = ("unipc", "euler")

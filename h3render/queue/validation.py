@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.engine.limits import (
     MAX_FRAMES,
     MAX_SIDE,
@@ -92,7 +93,7 @@ def _fix_prompt(value: Any) -> Any:
 
 def _fix_name(value: Any) -> str:
     text = re.sub(r"[^A-Za-z0-9._-]", "-", str(value)).replace("..", ".").lstrip("._-")[:64]
-    return text or "tiny-wan"
+    return text or DEFAULT_MODEL
 
 
 def _fix_quant(value: Any) -> str:
