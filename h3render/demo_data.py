@@ -208,6 +208,28 @@ def sample_spec(rng: np.random.Generator, frames: int = 9, two_shape_prob: float
     return ClipSpec(background, objs, caption_for(rng, background, objs), frames)
 
 
+# ---- reading a caption back --------------------------------------------------------------
+
+
+def parse_caption(text: str) -> dict[str, str | None]:
+    """The first-named shape's colour, shape and direction in a caption (None: not named).
+
+    Matches whole words of the synonym tables, so any prompt in the demo world's
+    vocabulary ("a crimson disc drifting left ...") says what its clip should show.
+    """
+    words = " " + " ".join(text.lower().replace(",", " ").replace(".", " ").split()) + " "
+    found: dict[str, str | None] = {}
+    for attr, table in (("color", COLOR_WORDS), ("shape", SHAPE_WORDS), ("direction", DIRECTION_WORDS)):
+        best: tuple[int, str] | None = None
+        for value, synonyms in table.items():
+            for syn in synonyms:
+                at = words.find(f" {syn} ")
+                if at >= 0 and (best is None or at < best[0]):
+                    best = (at, value)
+        found[attr] = best[1] if best else None
+    return found
+
+
 # ---- held-out prompts ------------------------------------------------------------------
 
 HELDOUT_SEED = 5_000_011

@@ -132,3 +132,12 @@ def test_two_shape_clips_move_in_separate_lanes():
         across = [o.y0 if dd.DIRECTION_VECTORS[o.direction][1] == 0 else o.x0 for o in (a, b)]
         assert abs(across[0] - (0.5 - dd.LANE)) <= dd.JITTER + 1e-9
         assert abs(across[1] - (0.5 + dd.LANE)) <= dd.JITTER + 1e-9
+
+
+def test_parse_caption_reads_back_the_first_shape():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        spec = dd.sample_spec(rng, two_shape_prob=0.3)
+        o = spec.main
+        assert dd.parse_caption(spec.caption) == {"color": o.color, "shape": o.shape, "direction": o.direction}
+    assert dd.parse_caption("A lighthouse at dusk") == {"color": None, "shape": None, "direction": None}

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from h3render.cli.demo import DEMO_PROMPTS, DEMO_SEEDS
 from h3render.engine.binding import Engine
+from h3render.engine.builtin import DEFAULT_MODEL
+from h3render.engine.eval_demo import ATTRIBUTES
 from h3render.engine.video import probe
 from redis_fixture import free_port
 
@@ -29,7 +32,7 @@ def test_demo_runs_the_overnight_story(tmp_path):
     try:
         proc = run("demo", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "8 jobs over 2 prompts x 4 seeds" in proc.stdout
+        assert "8 jobs over 4 prompts x 2 seeds" in proc.stdout
         assert "8/8 done (8 finished)" in proc.stdout
 
         # The embedded server runs with AOF under $H3RENDER_HOME/redis and outlives the demo.
@@ -42,9 +45,9 @@ def test_demo_runs_the_overnight_story(tmp_path):
         data = json.loads(st.stdout)
         assert [j["state"] for j in data["jobs"]] == ["finished"] * 8
 
-        with Engine(home / "models" / "tiny-wan", 1) as engine:
+        with Engine(home / "models" / DEFAULT_MODEL, 1) as engine:
             d = engine.info()["defaults"]
-        jobs = sorted((home / "renders" / sweep_id).iterdir())
+        jobs = sorted(p for p in (home / "renders" / sweep_id).iterdir() if p.is_dir())
         assert len(jobs) == 8
         for job in jobs:
             assert {p.name for p in job.iterdir()} >= {"video.mp4", "poster.png", "meta.json"}
@@ -53,7 +56,20 @@ def test_demo_runs_the_overnight_story(tmp_path):
         metas = [json.loads((job / "meta.json").read_text()) for job in jobs]
         assert {m["sweep_id"] for m in metas} == {sweep_id}
         assert sorted((m["parameters"]["prompt"], m["parameters"]["seed"]) for m in metas) == sorted(
-            (p, s) for p in ("a blue square moving up", "a red circle moving left") for s in (1, 2, 3, 4))
+            (p, s) for p in DEMO_PROMPTS for s in DEMO_SEEDS)
         assert all(m["timings_s"]["denoise"] > 0 and m["peak_rss"] > 0 for m in metas)
+
+        # The detector's tally and the contact sheet: one row per job.
+        tally = next(line for line in proc.stdout.splitlines() if line.startswith("prompts followed"))
+        print(DEFAULT_MODEL, tally)
+        hits = {a: int(tally.split(f"{a} ")[1].split("/")[0]) for a in ATTRIBUTES}
+        assert all(f"{a} {hits[a]}/8" in tally for a in ATTRIBUTES), tally
+        if DEFAULT_MODEL == "shapes-wan":  # the trained demo model follows its prompts
+            assert hits == {a: 8 for a in ATTRIBUTES}, tally
+        sheet = home / "renders" / sweep_id / "contact.png"
+        from PIL import Image
+
+        with Image.open(sheet) as im:
+            assert im.height > 8 * d["height"] and im.width > d["frames"] * d["width"]
     finally:
         run("redis", "stop", env=env, timeout=60)

@@ -1,9 +1,14 @@
 """`h3render demo`: the overnight story in miniature.
 
 It starts (or reuses) the embedded Redis, queues a sweep of 8 jobs over two axes
-with the built-in model, drains the queue with a burst worker while a progress
+with the default model, drains the queue with a burst worker while a progress
 bar runs, then prints the results table and the folder the videos are in.
 Everything goes through the same package API as `sweep`, `worker` and `status`.
+
+Last, it checks the videos the way `h3render eval-demo` does: the analytic
+detector reads each clip's colour, direction and shape, compares them with what
+the prompt names, and a contact sheet (contact.png beside the videos: one row
+per job, a green or red mark per attribute, then the frames) shows the result.
 """
 
 from __future__ import annotations
@@ -13,8 +18,15 @@ import sys
 
 import click
 
-DEMO_PROMPTS = ("a red circle moving left", "a blue square moving up")
-DEMO_SEEDS = (1, 2, 3, 4)
+# In the demo model's vocabulary (h3render.demo_data): every shape, colour and
+# direction it can check appears in at least one prompt.
+DEMO_PROMPTS = (
+    "a red circle moving left slowly over a black background",
+    "a blue square quickly sliding up on a white backdrop",
+    "gray background, a yellow triangle drifting right gently",
+    "a green disc gliding down rapidly against a dark backdrop",
+)
+DEMO_SEEDS = (1, 2)
 # A worker started by the demo exits 2 when another worker of this host holds
 # the lock; then that worker renders the sweep and the demo only waits.
 WORKER_LOCKED = 2
@@ -81,7 +93,31 @@ def demo() -> None:
                     if row.output_dir and (Path(row.output_dir) / "video.mp4").is_file())
     if videos:
         console.print(f"{len(videos)} videos in {videos[0].parent.parent}")
+        check_prompts(console, videos)
     if code:
         console.print(f"[yellow]{len(result.job_ids) - len(videos)} jobs did not finish; "
                       f"`h3render status {result.sweep_id}` says why, `h3render worker` runs what is left[/]")
     sys.exit(code)
+
+
+def check_prompts(console, videos: list) -> None:
+    """Detect each video's colour, direction and shape; print the tally, write contact.png."""
+    import json
+
+    from h3render.engine.eval_demo import ATTRIBUTES, check_prompt, contact_sheet, write_png
+    from h3render.engine.video import read_frames
+
+    rows, marks = [], []
+    for video in videos:
+        prompt = json.loads((video.parent / "meta.json").read_text())["parameters"]["prompt"]
+        clip = read_frames(video)
+        rows.append(clip)
+        marks.append(check_prompt(prompt, clip))
+    if len({r.shape for r in rows}) != 1:
+        return  # a sweep of several sizes has no one grid
+    sheet = videos[0].parent.parent / "contact.png"
+    write_png(sheet, contact_sheet(rows, marks, scale=max(1, 96 // rows[0].shape[1])))
+    named = {a: [m[a] for m in marks if m[a] is not None] for a in ATTRIBUTES}
+    tally = ", ".join(f"{a} {sum(v)}/{len(v)}" for a, v in named.items() if v)
+    console.print(f"prompts followed (analytic detector): {tally or 'no prompt names a checkable attribute'}")
+    console.print(f"contact sheet: {sheet}")

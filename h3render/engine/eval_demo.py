@@ -215,6 +215,13 @@ def score(spec: dd.ClipSpec, det: Detection) -> dict[str, bool]:
             "shape": det.shape == o.shape}
 
 
+def check_prompt(prompt: str, clip: np.ndarray) -> dict[str, bool | None]:
+    """For any prompt: per attribute it names, whether the clip shows it (None: not named)."""
+    det = detect(clip)
+    want = dd.parse_caption(prompt)
+    return {a: None if want[a] is None else getattr(det, a) == want[a] for a in ATTRIBUTES}
+
+
 @dataclass
 class QuantReport:
     quant: str
@@ -254,7 +261,8 @@ def contact_sheet(rows: list[np.ndarray], marks: list[dict[str, bool]] | None = 
     """Rows of frames (each (F, H, W, 3) uint8) tiled into one image, one row per clip.
 
     With marks, a strip left of each row shows one square per attribute (color,
-    direction, shape): green when detected as prompted, red when not.
+    direction, shape): green when detected as prompted, red when not, gray when
+    the prompt does not name it (None).
     """
     if not rows:
         raise ValueError("contact_sheet: no rows")
@@ -268,7 +276,8 @@ def contact_sheet(rows: list[np.ndarray], marks: list[dict[str, bool]] | None = 
         if marks is not None:
             for k, attr in enumerate(ATTRIBUTES):
                 ok = marks[r].get(attr, False)
-                sheet[y + k * strip: y + (k + 1) * strip - 1, 0:strip - 1] = (40, 170, 60) if ok else (210, 40, 40)
+                colour = (160, 160, 160) if ok is None else (40, 170, 60) if ok else (210, 40, 40)
+                sheet[y + k * strip: y + (k + 1) * strip - 1, 0:strip - 1] = colour
         for f in range(min(F, clip.shape[0])):
             x = strip + gap + f * (W * scale + gap)
             big = np.repeat(np.repeat(clip[f], scale, axis=0), scale, axis=1)
