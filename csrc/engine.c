@@ -370,6 +370,20 @@ static int get_default(const h3r_engine *e, const char *key, double *out) {
     return -1;
 }
 
+/*
+ * Valid frame counts. The VAE turns F frames into T = (F - 1) / st + 1 latent
+ * frames, and the DiT's patches need T to be a multiple of pt, so
+ * F = st * pt * m - st + 1 for m >= 1: F = multiple * k + offset with
+ * multiple = st * pt, offset = (1 - st) mod multiple, at least st * (pt - 1) + 1.
+ * Wan 2.1 (st 4, pt 1): 4k+1 from 1. A model patching all 9 of its latent
+ * frames at once (st 1, pt 9): 9k from 9.
+ */
+static void frame_rule(int st, int pt, int *multiple, int *offset, int *minimum) {
+    *multiple = st * pt;
+    *offset = ((1 - st) % *multiple + *multiple) % *multiple;
+    *minimum = st * (pt - 1) + 1;
+}
+
 H3R_API const char *h3r_info_json(h3r_engine *e) {
     if (!e) return NULL;
     if (e->info_json) return e->info_json;
@@ -382,7 +396,7 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
     }
     b[0] = 0;
     int patch[3] = {1, 2, 2};
-    int in_ch = 16, text_dim = 0;
+    int in_ch = 16, text_dim = 0, fmul, foff, fmin;
     if (e->n_dit) {
         wan_dit_patch_size(e->dit[0].model, patch);
         in_ch = wan_dit_in_channels(e->dit[0].model);
@@ -391,6 +405,8 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
         in_ch = wan_vae_z_dim(e->vae[0].model);
     }
     if (e->n_te) text_dim = umt5_d_model(e->te[0].model);
+    frame_rule(e->vae_stride_t, patch[0], &fmul, &foff, &fmin);
+    (void)fmin;
     int r = 0;
     r |= appendf(&b, &len, &cap, "{\"engine\":\"%s\",\"engine_version\":\"%s\",\"abi\":%d,\"model\":",
                  H3R_ENGINE_NAME, H3R_ENGINE_VERSION, H3R_ABI_VERSION);
@@ -411,12 +427,12 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
         r |= appendf(&b, &len, &cap, "%s\"%s\":%zu", i ? "," : "", e->dit[i].quant, bytes);
     }
     r |= appendf(&b, &len, &cap,
-                 "},\"frame_rule\":{\"multiple\":%d,\"offset\":1},\"size_multiple\":%d,\"max_pixels\":0,"
+                 "},\"frame_rule\":{\"multiple\":%d,\"offset\":%d},\"size_multiple\":%d,\"max_pixels\":0,"
                  "\"fps\":%d,\"prompt\":\"token_ids\",\"text_len\":%d,\"text_dim\":%d,\"latent_channels\":%d,"
                  "\"vae_stride\":[%d,%d,%d],\"patch_size\":[%d,%d,%d],\"threads\":%d,"
                  "\"samplers\":[\"unipc\",\"euler\"],"
                  "\"components\":{\"transformer\":%s,\"text_encoder\":%s,\"vae\":%s},\"defaults\":{",
-                 e->vae_stride_t * patch[0], e->vae_stride_s * (patch[1] > patch[2] ? patch[1] : patch[2]),
+                 fmul, foff, e->vae_stride_s * (patch[1] > patch[2] ? patch[1] : patch[2]),
                  e->fps, e->text_len, text_dim, in_ch, e->vae_stride_t, e->vae_stride_s, e->vae_stride_s,
                  patch[0], patch[1], patch[2], h3r_pool_size(e->pool), e->n_dit ? "true" : "false",
                  e->n_te ? "true" : "false", e->n_vae ? "true" : "false");
@@ -579,16 +595,23 @@ static int validate_request(h3r_engine *e, const h3r_request *r, int patch[3]) {
         return h3r_seterr(H3R_ERR_INVALID, "request struct is %u bytes; this engine needs %zu (ABI %d)",
                           r->struct_size, sizeof(h3r_request), H3R_ABI_VERSION);
     int mult = e->vae_stride_s * (patch[1] > patch[2] ? patch[1] : patch[2]);
-    int fmul = e->vae_stride_t * patch[0];
+    int fmul, foff, fmin;
+    frame_rule(e->vae_stride_t, patch[0], &fmul, &foff, &fmin);
     if (r->width <= 0 || r->width % mult)
         return h3r_seterr(H3R_ERR_INVALID, "width=%d must be a positive multiple of %d (nearest: %d)", r->width,
                           mult, r->width <= mult ? mult : (r->width + mult / 2) / mult * mult);
     if (r->height <= 0 || r->height % mult)
         return h3r_seterr(H3R_ERR_INVALID, "height=%d must be a positive multiple of %d (nearest: %d)",
                           r->height, mult, r->height <= mult ? mult : (r->height + mult / 2) / mult * mult);
-    if (r->frames <= 0 || (r->frames - 1) % fmul)
-        return h3r_seterr(H3R_ERR_INVALID, "frames=%d must be %dk+1 (nearest: %d or %d)", r->frames, fmul,
-                          r->frames <= 1 ? 1 : (r->frames - 1) / fmul * fmul + 1, ((r->frames - 1) / fmul + 1) * fmul + 1);
+    if (r->frames < fmin || (r->frames - foff) % fmul) {
+        int below = r->frames < fmin ? fmin : (r->frames - foff) / fmul * fmul + foff;
+        int above = below + fmul;
+        if (foff)
+            return h3r_seterr(H3R_ERR_INVALID, "frames=%d must be %dk+%d (nearest: %d or %d)", r->frames, fmul,
+                              foff, below, above);
+        return h3r_seterr(H3R_ERR_INVALID, "frames=%d must be a positive multiple of %d (nearest: %d or %d)",
+                          r->frames, fmul, below, above);
+    }
     if (r->steps <= 0 || r->steps > 1000)
         return h3r_seterr(H3R_ERR_INVALID, "steps=%d must be between 1 and 1000", r->steps);
     if (!isfinite(r->guidance) || r->guidance < 0 || r->guidance > 100)
