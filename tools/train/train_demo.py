@@ -22,7 +22,7 @@ Stages
   4. save          WanPipeline.save_pretrained (model_index.json, tokenizer/,
                    text_encoder/, transformer/, vae/, scheduler/) + h3render.json.
 
-Run (about 60-80 minutes on 2 busy cores with the defaults):
+Run (about 55 minutes on 2 cores with the defaults):
   python tools/train/train_demo.py --out h3render/data/shapes-wan --log tools/train/shapes-wan.log
 A smoke run: add --smoke (a few steps of each stage, output to --out).
 """
@@ -50,7 +50,7 @@ WIDTH = HEIGHT = 32
 FRAMES = 9
 TEXT_LEN = 24
 FLOW_SHIFT = 3.0
-Z_DIM = 8
+Z_DIM = 4
 DEFAULTS = dict(width=WIDTH, height=HEIGHT, frames=FRAMES, steps=20, guidance=4.0,
                 shift=FLOW_SHIFT, sampler="unipc", negative_prompt="", fps=8, text_len=TEXT_LEN)
 
@@ -105,9 +105,16 @@ def build_models():
         is_encoder_decoder=False, pad_token_id=0, eos_token_id=1,
     )
     text_encoder = UMT5EncoderModel(te_cfg)
+    # One patch spans all FRAMES latent frames (the VAE keeps every frame), so a
+    # token's patch embedding sees where the shape is at each frame: RoPE gives
+    # attention only relative positions, and a DiT whose tokens are single frames
+    # could not tell the first frame from the last in pure noise; at (1, 4, 4)
+    # it drew static shapes (direction 8%, docs/DEMO_MODEL.md). The patch vector
+    # (Z_DIM * FRAMES * 2 * 2 = 144) stays below the width (256): the flow target
+    # carries the input's noise, which a narrower token cannot pass through.
     transformer = WanTransformer3DModel(
-        patch_size=(1, 4, 4), num_attention_heads=4, attention_head_dim=32,
-        in_channels=Z_DIM, out_channels=Z_DIM, text_dim=64, freq_dim=64, ffn_dim=256,
+        patch_size=(FRAMES, 2, 2), num_attention_heads=8, attention_head_dim=32,
+        in_channels=Z_DIM, out_channels=Z_DIM, text_dim=64, freq_dim=64, ffn_dim=512,
         num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
         rope_max_seq_len=1024,
     )  # fmt: skip
@@ -311,7 +318,7 @@ def main() -> None:
     ap.add_argument("--vae-batch", type=int, default=8)
     ap.add_argument("--vae-frames", type=int, default=5, help="clip length the VAE trains on")
     ap.add_argument("--clips", type=int, default=8000, help="clips encoded for the DiT")
-    ap.add_argument("--dit-steps", type=int, default=11000)
+    ap.add_argument("--dit-steps", type=int, default=4000)
     ap.add_argument("--dit-batch", type=int, default=32)
     ap.add_argument("--vae-only", action="store_true",
                     help="stop after the VAE stage, saving it to OUT/vae (to iterate on later stages)")
@@ -333,7 +340,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(SEED)
     log = Log(a.log)
-    log(f"args {vars(a)} torch {torch.__version__}")
+    shown = {k: (v.name if isinstance(v, Path) else v) for k, v in vars(a).items()}  # no machine paths
+    log(f"args {shown} torch {torch.__version__}")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=build_tokenizer(), pad_token="<pad>", eos_token="</s>",
         unk_token="<unk>", model_max_length=TEXT_LEN,
