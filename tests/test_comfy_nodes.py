@@ -28,6 +28,7 @@ from click.testing import CliRunner
 
 from h3render.comfy_bridge import inputs, sheet, spec
 from h3render.comfy_bridge.errors import BridgeInputError
+from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.queue.errors import JobValidationError
 
 
@@ -264,9 +265,9 @@ def test_merge_choices():
     models, quants = inputs.merge_choices(
         {"wan-1.3b": {"quant_levels": ["q8_0", "q4_0"]}, "broken": None},
         [("tiny-wan", ["f32", "f16"]), ("wan-1.3b", ["f16"])])
-    assert models == ["wan-1.3b", "broken", "tiny-wan"]
+    assert models == ["wan-1.3b", "broken", "tiny-wan", DEFAULT_MODEL]
     assert quants == ["default", "q8_0", "q4_0", "f32", "f16"]
-    assert inputs.merge_choices({}, []) == (["tiny-wan"], ["default"])
+    assert inputs.merge_choices({}, []) == ([DEFAULT_MODEL], ["default"])
 
 
 # ---------------------------------------------------------------- contact sheet

@@ -146,7 +146,7 @@ def test_previews_reach_the_progress_hook_as_pil_images(env, redis_conn, h3_sett
     hooks = client.Hooks(progress=lambda d, t, preview=None: preview is not None and seen.append((d, t, preview)))
     bridge = client.Bridge.connect()
     steps = 40  # a few ms each on tiny-wan: the poller sees several previews, not necessarily all
-    payload = {"prompt": "a red ball", "seed": 3, "width": 64, "height": 64, "frames": 17, "steps": steps,
+    payload = {"prompt": "a red ball", "model": "tiny-wan", "seed": 3, "width": 64, "height": 64, "frames": 17, "steps": steps,
                "preview_every": 1}
     out, log = call_with_burst_worker(lambda: bridge.render(payload, 300, hooks), env, redis_conn, h3_settings)
     assert "error" not in out, f"{out.get('error')!r}\n{log}"
@@ -171,7 +171,7 @@ def test_previews_reach_the_progress_hook_as_pil_images(env, redis_conn, h3_sett
 
 def test_failed_job_raises_the_workers_reason(env, redis_conn, h3_settings):
     bridge = client.Bridge.connect()
-    payload = {"prompt": "a red ball", "width": 64, "height": 64, "frames": 5, "steps": 2,
+    payload = {"prompt": "a red ball", "model": "tiny-wan", "width": 64, "height": 64, "frames": 5, "steps": 2,
                "engine_options": {"no_such_option": 1}}
     out, log = call_with_burst_worker(lambda: bridge.render(payload, 300), env, redis_conn, h3_settings)
     e = out.get("error")
@@ -227,7 +227,7 @@ def test_interrupt_cancel_record_is_within_one_step(env, redis_conn, h3_settings
     bridge = client.Bridge.connect()
     hooks = client.Hooks(progress=lambda d, t, preview=None: fake.progress.append((d, t)),
                          check_interrupt=fake.modules()["comfy.model_management"].throw_exception_if_processing_interrupted)
-    payload = {"prompt": "a red ball", "width": 64, "height": 64, "frames": 17, "steps": 400}
+    payload = {"prompt": "a red ball", "model": "tiny-wan", "width": 64, "height": 64, "frames": 17, "steps": 400}
     out, log = call_with_burst_worker(lambda: bridge.render(payload, 300, hooks), env, redis_conn, h3_settings)
     assert isinstance(out.get("error"), InterruptProcessingException), (out, log)
     rec = bridge.last_cancel

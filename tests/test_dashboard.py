@@ -24,7 +24,7 @@ from h3render.dashboards.security import (
 )
 
 EVIL = '<script>alert("x")</script><img src=x onerror=alert(1)> & co'
-SMALL = {"width": 64, "height": 64, "frames": 17, "steps": 2}
+SMALL = {"model": "tiny-wan", "width": 64, "height": 64, "frames": 17, "steps": 2}
 TOKEN = "t0ken-t0ken-t0ken-t0ken"
 
 

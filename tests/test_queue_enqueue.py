@@ -84,7 +84,7 @@ def test_10000_jobs_in_one_pipeline(r, h3_settings):
 
 
 def test_sweep_record_order_and_preview_first(r, h3_settings):
-    res = enqueue_sweep(r, {"prompt": "a fox", "width": 64, "height": 48},
+    res = enqueue_sweep(r, {"prompt": "a fox", "model": "tiny-wan", "width": 64, "height": 48},
                         {"seed": [1, 2], "quant": ["q8_0", "q4_0"], "steps": [4, 6]}, h3_settings, preview=True)
     assert len(res.job_ids) == 16 and len(res.preview_ids) == 8
     ids = [i.decode() for i in r.lrange(SWEEP_JOBS_KEY.format(id=res.sweep_id), 0, -1)]

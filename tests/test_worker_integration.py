@@ -28,7 +28,7 @@ from h3render.worker.health import MemoryReading, PowerReading, Readings
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = "import importlib.util, sys; from h3render.cli import main; sys.argv[0] = 'h3render'; main()"
-SMALL = {"prompt": "a red ball", "width": 64, "height": 64, "frames": 17, "steps": 3}
+SMALL = {"prompt": "a red ball", "model": "tiny-wan", "width": 64, "height": 64, "frames": 17, "steps": 3}
 
 pytestmark = pytest.mark.slow
 

@@ -32,7 +32,7 @@ from test_worker_integration import env, fetch, h3, start_worker, stop, wait_for
 # 128x128x17 (320 tokens) takes ~7 ms here, meta saved each step included, so
 # 1000 steps (the model's limit; ~7 s) leave room to catch the job mid-render.
 STEPS = 1000
-JOB = {"prompt": "a red ball", "width": 128, "height": 128, "frames": 17, "steps": STEPS}
+JOB = {"prompt": "a red ball", "model": "tiny-wan", "width": 128, "height": 128, "frames": 17, "steps": STEPS}
 HELD_S = 2.0  # how long we keep it hot after the pause is seen, checking no step advances
 
 

@@ -101,23 +101,35 @@ def demo() -> None:
 
 
 def check_prompts(console, videos: list) -> None:
-    """Detect each video's colour, direction and shape; print the tally, write contact.png."""
+    """Detect each video's colour, direction and shape; print the tally, write contact.png.
+
+    Rows go by prompt, then seed; contact.txt beside the sheet lists each row's prompt,
+    seed and what the detector saw.
+    """
     import json
 
     from h3render.engine.eval_demo import ATTRIBUTES, check_prompt, contact_sheet, write_png
     from h3render.engine.video import read_frames
 
-    rows, marks = [], []
+    jobs = []
     for video in videos:
-        prompt = json.loads((video.parent / "meta.json").read_text())["parameters"]["prompt"]
+        params = json.loads((video.parent / "meta.json").read_text())["parameters"]
+        jobs.append((str(params["prompt"]), int(params["seed"]), video))
+    jobs.sort(key=lambda j: (j[0], j[1]))
+    rows, marks = [], []
+    for prompt, _seed, video in jobs:
         clip = read_frames(video)
         rows.append(clip)
         marks.append(check_prompt(prompt, clip))
     if len({r.shape for r in rows}) != 1:
         return  # a sweep of several sizes has no one grid
-    sheet = videos[0].parent.parent / "contact.png"
-    write_png(sheet, contact_sheet(rows, marks, scale=max(1, 96 // rows[0].shape[1])))
+    folder = videos[0].parent.parent
+    write_png(folder / "contact.png", contact_sheet(rows, marks, scale=max(1, 96 // rows[0].shape[1])))
+    word = {True: "yes", False: "NO", None: "-"}
+    (folder / "contact.txt").write_text("row  seed  " + "  ".join(ATTRIBUTES) + "  prompt\n" + "".join(
+        f"{i:3d}  {seed:4d}  " + "  ".join(f"{word[m[a]]:>{len(a)}}" for a in ATTRIBUTES) + f"  {prompt}\n"
+        for i, ((prompt, seed, _), m) in enumerate(zip(jobs, marks))))
     named = {a: [m[a] for m in marks if m[a] is not None] for a in ATTRIBUTES}
     tally = ", ".join(f"{a} {sum(v)}/{len(v)}" for a, v in named.items() if v)
     console.print(f"prompts followed (analytic detector): {tally or 'no prompt names a checkable attribute'}")
-    console.print(f"contact sheet: {sheet}")
+    console.print(f"contact sheet: {folder / 'contact.png'} (rows: {folder / 'contact.txt'})")

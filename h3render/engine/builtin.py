@@ -16,9 +16,10 @@ from pathlib import Path
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 ALL_QUANTS = ("f32", "f16", "q8_0", "q6_k", "q4_0")
 
-DEFAULT_MODEL = "tiny-wan"
+DEFAULT_MODEL = "shapes-wan"
 # name -> quant levels converted on first use
 BUILTIN_QUANTS: dict[str, tuple[str, ...]] = {
+    "shapes-wan": ALL_QUANTS,
     "tiny-wan": ("f32", "f16"),
 }
 BUILTIN: dict[str, Path] = {name: DATA_DIR / name for name in BUILTIN_QUANTS}
