@@ -5,7 +5,7 @@
 - aarch64 builds with aarch64-linux-gnu-gcc, run under qemu-aarch64: NEON with
   dotprod (armv8.2-a+dotprod) and plain NEON (armv8-a).
 
-Each build needs its tools (Debian: gcc, gcc-aarch64-linux-gnu, qemu-user);
+Each build needs its tools (Debian: gcc, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user);
 when one is missing the test is skipped and says why, both as the skip reason
 and as a warning in pytest's summary, so `make test` shows it.
 Takes ~20 s (ASan build and run; qemu runs ~5 s each).
@@ -97,6 +97,11 @@ def test_c_units_aarch64_under_qemu(tmp_path, march, variant):
         missing = " and ".join(n for n, p in (("aarch64-linux-gnu-gcc", cc), ("qemu-aarch64", qemu)) if not p)
         _skip(f"{missing} not installed (Debian packages gcc-aarch64-linux-gnu, qemu-user): "
               f"the NEON ({variant}) C tests did not run")
+    probe = subprocess.run([cc, "-E", "-x", "c", "-", "-o", os.devnull], input="#include <stdio.h>\n",
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        _skip("aarch64-linux-gnu-gcc has no C library headers (Debian package libc6-dev-arm64-cross, "
+              f"a recommendation apt skips with --no-install-recommends): the NEON ({variant}) C tests did not run")
     out = _build_and_run([cc], ["-O2", "-static", f"-march={march}"], tmp_path / f"test_quant_{variant}",
                          [qemu, "-cpu", "max"])
     assert f"SIMD variant: {variant}" in out
