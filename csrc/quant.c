@@ -583,6 +583,27 @@ static inline __m512 scale_pair(uint16_t d0, float xd0, uint16_t d1, float xd1) 
  * dot32_i8 and the scales the same f32 products, so every output is
  * bit-identical to vec_dot_t's and to the GEMV kernel's.
  */
+/*
+ * One row's Q8_0 dot from the two pair chains of the 512-bit kernels: the
+ * eight 8-lane chains c0 | c1 (acc0) and c2 | c3 (acc1), plus the single
+ * block b left when nb is odd (into chain 2 after a left-over pair, else
+ * chain 0), summed in vec_dot_q8_0's order.
+ */
+static inline __attribute__((always_inline)) float
+q8_pairs_sum(__m512 acc0, __m512 acc1, const blk_q8_0 *p, const blk_q8x *x, int64_t b, int64_t nb,
+             int pair_left) {
+    __m256 c0 = _mm512_castps512_ps256(acc0), c1 = _mm512_extractf32x8_ps(acc0, 1);
+    __m256 c2 = _mm512_castps512_ps256(acc1), c3 = _mm512_extractf32x8_ps(acc1, 1);
+    if (b < nb) {
+        const __m256i is = dot32_i8(_mm256_loadu_si256((const __m256i *)p[b].qs),
+                                    _mm256_loadu_si256((const __m256i *)x[b].qs));
+        const __m256 sc = _mm256_set1_ps(fp16(p[b].d) * x[b].d);
+        if (pair_left) c2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c2);
+        else c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
+}
+
 static inline __attribute__((always_inline)) void
 vec_dot_q8_0_512_t(int64_t nb, const void *w, const blk_q8x *const *x, const int nr, float *out) {
     const blk_q8_0 *p = w;
@@ -621,18 +642,7 @@ vec_dot_q8_0_512_t(int64_t nb, const void *w, const blk_q8x *const *x, const int
         b += 2;
     }
 #undef Q8_PAIR
-    for (int r = 0; r < nr; r++) {
-        __m256 c0 = _mm512_castps512_ps256(acc0[r]), c1 = _mm512_extractf32x8_ps(acc0[r], 1);
-        __m256 c2 = _mm512_castps512_ps256(acc1[r]), c3 = _mm512_extractf32x8_ps(acc1[r], 1);
-        if (b < nb) {   /* one block left: chain 2 after a left-over pair, else chain 0 */
-            const __m256i is = dot32_i8(_mm256_loadu_si256((const __m256i *)p[b].qs),
-                                        _mm256_loadu_si256((const __m256i *)x[r][b].qs));
-            const __m256 sc = _mm256_set1_ps(fp16(p[b].d) * x[r][b].d);
-            if (pair_left) c2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c2);
-            else c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
-        }
-        out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
-    }
+    for (int r = 0; r < nr; r++) out[r] = q8_pairs_sum(acc0[r], acc1[r], p, x[r], b, nb, pair_left);
 }
 
 /* nr a constant in each instance, so the accumulators stay in registers. */
@@ -727,18 +737,7 @@ q8_gemm_t(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *co
                                             _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1))));
         return;
     }
-    for (int r = 0; r < nr; r++) {
-        __m256 c0 = _mm512_castps512_ps256(acc0[r]), c1 = _mm512_extractf32x8_ps(acc0[r], 1);
-        __m256 c2 = _mm512_castps512_ps256(acc1[r]), c3 = _mm512_extractf32x8_ps(acc1[r], 1);
-        if (b < nb) {   /* one block left: chain 2 after a left-over pair, else chain 0 */
-            const __m256i is = dot32_i8(_mm256_loadu_si256((const __m256i *)p[b].qs),
-                                        _mm256_loadu_si256((const __m256i *)x[r][b].qs));
-            const __m256 sc = _mm256_set1_ps(fp16(p[b].d) * x[r][b].d);
-            if (pair_left) c2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c2);
-            else c0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is), c0);
-        }
-        out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3)));
-    }
+    for (int r = 0; r < nr; r++) out[r] = q8_pairs_sum(acc0[r], acc1[r], p, x[r], b, nb, pair_left);
 }
 
 void q8_gemm_dot(int64_t nb, const void *w, const uint8_t *const *xp, const blk_q8x *const *x, int nr,
