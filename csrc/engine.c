@@ -374,14 +374,14 @@ static int get_default(const h3r_engine *e, const char *key, double *out) {
  * Valid frame counts. The VAE turns F frames into T = (F - 1) / st + 1 latent
  * frames, and the DiT's patches need T to be a multiple of pt, so
  * F = st * pt * m - st + 1 for m >= 1: F = multiple * k + offset with
- * multiple = st * pt, offset = (1 - st) mod multiple, at least st * (pt - 1) + 1.
+ * multiple = st * pt, offset = (1 - st) mod multiple, at least st * (pt - 1) + 1,
+ * which is the offset, or the multiple when the offset is 0.
  * Wan 2.1 (st 4, pt 1): 4k+1 from 1. A model patching all 9 of its latent
  * frames at once (st 1, pt 9): 9k from 9.
  */
-static void frame_rule(int st, int pt, int *multiple, int *offset, int *minimum) {
+static void frame_rule(int st, int pt, int *multiple, int *offset) {
     *multiple = st * pt;
     *offset = ((1 - st) % *multiple + *multiple) % *multiple;
-    *minimum = st * (pt - 1) + 1;
 }
 
 H3R_API const char *h3r_info_json(h3r_engine *e) {
@@ -396,7 +396,7 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
     }
     b[0] = 0;
     int patch[3] = {1, 2, 2};
-    int in_ch = 16, text_dim = 0, fmul, foff, fmin;
+    int in_ch = 16, text_dim = 0, fmul, foff;
     if (e->n_dit) {
         wan_dit_patch_size(e->dit[0].model, patch);
         in_ch = wan_dit_in_channels(e->dit[0].model);
@@ -405,8 +405,7 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
         in_ch = wan_vae_z_dim(e->vae[0].model);
     }
     if (e->n_te) text_dim = umt5_d_model(e->te[0].model);
-    frame_rule(e->vae_stride_t, patch[0], &fmul, &foff, &fmin);
-    (void)fmin;
+    frame_rule(e->vae_stride_t, patch[0], &fmul, &foff);
     int r = 0;
     r |= appendf(&b, &len, &cap, "{\"engine\":\"%s\",\"engine_version\":\"%s\",\"abi\":%d,\"model\":",
                  H3R_ENGINE_NAME, H3R_ENGINE_VERSION, H3R_ABI_VERSION);
@@ -595,8 +594,9 @@ static int validate_request(h3r_engine *e, const h3r_request *r, int patch[3]) {
         return h3r_seterr(H3R_ERR_INVALID, "request struct is %u bytes; this engine needs %zu (ABI %d)",
                           r->struct_size, sizeof(h3r_request), H3R_ABI_VERSION);
     int mult = e->vae_stride_s * (patch[1] > patch[2] ? patch[1] : patch[2]);
-    int fmul, foff, fmin;
-    frame_rule(e->vae_stride_t, patch[0], &fmul, &foff, &fmin);
+    int fmul, foff;
+    frame_rule(e->vae_stride_t, patch[0], &fmul, &foff);
+    const int fmin = foff ? foff : fmul;
     if (r->width <= 0 || r->width % mult)
         return h3r_seterr(H3R_ERR_INVALID, "width=%d must be a positive multiple of %d (nearest: %d)", r->width,
                           mult, r->width <= mult ? mult : (r->width + mult / 2) / mult * mult);
