@@ -51,6 +51,13 @@ def _build_and_run(cc: list[str], flags: list[str], exe: Path, runner: list[str]
     return run.stdout
 
 
+def _compiles(cc: str, flags: list[str], source: str, out: str) -> bool:
+    """Whether cc takes these flags on a small source from stdin (a probe before a build)."""
+    probe = subprocess.run([cc, *flags, "-x", "c", "-", "-o", out], input=source,
+                           capture_output=True, text=True, timeout=60)
+    return probe.returncode == 0
+
+
 def _cpu_has(flag: str) -> bool:
     try:
         return f" {flag}" in Path("/proc/cpuinfo").read_text()
@@ -62,9 +69,7 @@ def test_c_units_under_asan_ubsan(tmp_path):
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if not cc:
         _skip("no C compiler (cc/gcc) on PATH: the ASan/UBSan C tests did not run")
-    probe = subprocess.run([cc, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
+    if not _compiles(cc, ["-fsanitize=address,undefined"], "int main(void){return 0;}", str(tmp_path / "p")):
         _skip(f"{cc} cannot link -fsanitize=address,undefined (libasan/libubsan missing): "
               f"the sanitizer C tests did not run")
     arch = ["-mavx2", "-mfma", "-mf16c"] if _cpu_has("avx2") and _cpu_has("fma") else []
@@ -83,9 +88,7 @@ def test_c_units_native(tmp_path):
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if not cc:
         _skip("no C compiler (cc/gcc) on PATH: the native-build C tests did not run")
-    probe = subprocess.run([cc, "-march=native", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
+    if not _compiles(cc, ["-march=native"], "int main(void){return 0;}", str(tmp_path / "p")):
         _skip(f"{cc} does not take -march=native: the native-build C tests did not run")
     _build_and_run([cc], ["-O2", "-march=native"], tmp_path / "test_quant_native", [])
 
@@ -97,9 +100,7 @@ def test_c_units_aarch64_under_qemu(tmp_path, march, variant):
         missing = " and ".join(n for n, p in (("aarch64-linux-gnu-gcc", cc), ("qemu-aarch64", qemu)) if not p)
         _skip(f"{missing} not installed (Debian packages gcc-aarch64-linux-gnu, qemu-user): "
               f"the NEON ({variant}) C tests did not run")
-    probe = subprocess.run([cc, "-E", "-x", "c", "-", "-o", os.devnull], input="#include <stdio.h>\n",
-                           capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0:
+    if not _compiles(cc, ["-E"], "#include <stdio.h>\n", os.devnull):
         _skip("aarch64-linux-gnu-gcc has no C library headers (Debian package libc6-dev-arm64-cross, "
               f"a recommendation apt skips with --no-install-recommends): the NEON ({variant}) C tests did not run")
     out = _build_and_run([cc], ["-O2", "-static", f"-march={march}"], tmp_path / f"test_quant_{variant}",
