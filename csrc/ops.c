@@ -77,8 +77,18 @@ static inline float dot_avx(const float *a, const float *b, int64_t n) {
 
 /* ---------------------------------------------------------------- matmul */
 
-#define MM_JB 8   /* weight rows (output columns) converted and used together */
+/* weight rows (output columns) converted and used together: the AVX-512 tile's
+ * 8, else 4 triples of the AVX2 tile */
+#if defined(__AVX512F__) && OPS_AVX
+#define MM_JB 8
+#else
+#define MM_JB 12
+#endif
 #define MM_NB 4   /* activation rows per register tile */
+/* Converted weight rows are MM_PAD floats (one cache line) longer than K: at a
+ * power-of-two K the rows of a block would otherwise share their L1 sets with
+ * each other and with the x rows, and evict the x chunk the tile reuses. */
+#define MM_PAD 16
 
 typedef struct {
     float *y;              /* (N, M) */
@@ -86,7 +96,7 @@ typedef struct {
     const h3r_tensor *W;   /* ne = {K, M} */
     const float *b;        /* (M,) or NULL */
     int64_t N, K, M;
-    float *scratch;        /* nth x (MM_JB, K) */
+    float *scratch;        /* nth x (MM_PACK + 1) x (MM_JB, K + MM_PAD) */
 } mm_ctx;
 
 /* F16 row (K,) -> f32, exact. */
@@ -128,6 +138,9 @@ static inline void dots_4x2_avx(const float *x, int64_t ldx, const float *w0, co
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), u;
+        /* keep the weights in registers: folded into each FMA they would be
+         * loaded 4 times, making the tile load-bound */
+        __asm__("" : "+x"(v0), "+x"(v1));
         u = _mm256_loadu_ps(x0 + k);
         a00 = _mm256_fmadd_ps(u, v0, a00);
         a01 = _mm256_fmadd_ps(u, v1, a01);
@@ -151,6 +164,70 @@ static inline void dots_4x2_avx(const float *x, int64_t ldx, const float *w0, co
             s[i][0] = fmaf(xs[i][t], w0[t], s[i][0]);
             s[i][1] = fmaf(xs[i][t], w1[t], s[i][1]);
         }
+}
+
+/*
+ * acc += the lanes of x_i . w_c over k in [k0, k1) (whole 8-blocks) for 4 rows
+ * x_i (stride ldx) and 3 weight rows w_c: acc[3i + c] is the 8-lane chain of
+ * dot_ref for (i, c), resumed where the previous chunk left it, so summing K in
+ * chunks gives the same bits as one pass. 12 chains hide the FMA latency of two
+ * ports; 3 weight and 1 x register, 7 loads per 12 FMAs.
+ */
+static inline void acc_4x3_avx(const float *x, int64_t ldx, const float *const *w, int64_t k0, int64_t k1,
+                               __m256 acc[12]) {
+    __m256 a00 = acc[0], a01 = acc[1], a02 = acc[2], a10 = acc[3], a11 = acc[4], a12 = acc[5];
+    __m256 a20 = acc[6], a21 = acc[7], a22 = acc[8], a30 = acc[9], a31 = acc[10], a32 = acc[11];
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2];
+    for (int64_t k = k0; k < k1; k += 8) {
+        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k), u;
+        /* keep every loaded row in a register: folded into each FMA it would be
+         * loaded 3 or 4 times, making the tile load-bound */
+        __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2));
+        u = _mm256_loadu_ps(x0 + k);
+        __asm__("" : "+x"(u));
+        a00 = _mm256_fmadd_ps(u, v0, a00); a01 = _mm256_fmadd_ps(u, v1, a01); a02 = _mm256_fmadd_ps(u, v2, a02);
+        u = _mm256_loadu_ps(x1 + k);
+        __asm__("" : "+x"(u));
+        a10 = _mm256_fmadd_ps(u, v0, a10); a11 = _mm256_fmadd_ps(u, v1, a11); a12 = _mm256_fmadd_ps(u, v2, a12);
+        u = _mm256_loadu_ps(x2 + k);
+        __asm__("" : "+x"(u));
+        a20 = _mm256_fmadd_ps(u, v0, a20); a21 = _mm256_fmadd_ps(u, v1, a21); a22 = _mm256_fmadd_ps(u, v2, a22);
+        u = _mm256_loadu_ps(x3 + k);
+        __asm__("" : "+x"(u));
+        a30 = _mm256_fmadd_ps(u, v0, a30); a31 = _mm256_fmadd_ps(u, v1, a31); a32 = _mm256_fmadd_ps(u, v2, a32);
+    }
+    acc[0] = a00; acc[1] = a01; acc[2] = a02; acc[3] = a10; acc[4] = a11; acc[5] = a12;
+    acc[6] = a20; acc[7] = a21; acc[8] = a22; acc[9] = a30; acc[10] = a31; acc[11] = a32;
+}
+
+#define MM_KC 256   /* K chunk: the 4 x rows' chunk (4 KiB) stays in L1 while every weight triple passes */
+
+/*
+ * y[i][r] (stride ldy) for 4 rows of x (stride K) and 3 * ntrip weight rows
+ * (+ b[r]): K in chunks of MM_KC, every triple of weight rows meeting the
+ * same L1-resident chunk of x (a full-K pass per triple would stream 7 rows
+ * from L2, more than it delivers), then each chain's fixed tree and the
+ * ordered tail: bit-identical to dot_ref per output.
+ */
+static void mm_tile_4x3n_avx(const float *x, int64_t K, const float *const *rows, int ntrip, const float *b,
+                             float *y, int64_t ldy) {
+    __m256 acc[MM_JB / 3][12];
+    const int64_t K8 = K / 8 * 8;
+    for (int t = 0; t < ntrip; t++)
+        for (int a = 0; a < 12; a++) acc[t][a] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < K8; k0 += MM_KC) {
+        int64_t k1 = k0 + MM_KC < K8 ? k0 + MM_KC : K8;
+        for (int t = 0; t < ntrip; t++) acc_4x3_avx(x, K, rows + 3 * t, k0, k1, acc[t]);
+    }
+    for (int t = 0; t < ntrip; t++)
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 3; c++) {
+                const float *xi = x + i * K, *wr = rows[3 * t + c];
+                float s = hsum_avx(acc[t][3 * i + c]);
+                for (int64_t k = K8; k < K; k++) s = fmaf(xi[k], wr[k], s);
+                y[i * ldy + 3 * t + c] = b ? s + b[3 * t + c] : s;
+            }
 }
 
 /* y[i][c] (stride ldy) = dots_4x2 (+ b[c]) for the matmul. */
@@ -332,8 +409,10 @@ static void mm_tile_4x8_512(const float *x, int64_t K, const float *pk, const fl
         }
     }
 }
+#define MM_COPY_F32 0
 #else
 #define MM_PACK 0
+#define MM_COPY_F32 OPS_AVX   /* the AVX2 tile reads F32 rows from the padded copy */
 #endif
 
 /* Thread ith computes output columns [j0, j1), a contiguous chunk of M,
@@ -344,7 +423,8 @@ static void matmul_worker(void *arg, int ith, int nth) {
     const int64_t K = c->K, M = c->M;
     int64_t chunk = (M + nth - 1) / nth;
     int64_t j0 = chunk * ith, j1 = j0 + chunk < M ? j0 + chunk : M;
-    float *buf = c->scratch + (size_t)ith * (MM_PACK + 1) * MM_JB * K;
+    const int64_t ldb = K + MM_PAD;
+    float *buf = c->scratch + (size_t)ith * (MM_PACK + 1) * MM_JB * ldb;
     const float *rows[MM_JB];
 #if OPS_AVX && defined(__F16C__)
     /* Fewer rows than a register tile (the GEMV of one token): F16 and F32
@@ -371,12 +451,20 @@ static void matmul_worker(void *arg, int ith, int nth) {
 #endif
     for (int64_t j = j0; j < j1; j += MM_JB) {
         int jb = j1 - j < MM_JB ? (int)(j1 - j) : MM_JB;
-        for (int r = 0; r < jb; r++) rows[r] = weight_row(c->W, j + r, K, buf + (size_t)r * K);
+        for (int r = 0; r < jb; r++) {
+            rows[r] = weight_row(c->W, j + r, K, buf + (size_t)r * ldb);
+            /* F32 rows too go to the padded copy for the AVX2 tile (cheap: each row then
+             * meets all N rows of x) */
+            if (MM_COPY_F32 && !ref && c->N >= MM_NB && rows[r] != buf + (size_t)r * ldb) {
+                memcpy(buf + (size_t)r * ldb, rows[r], (size_t)K * sizeof(float));
+                rows[r] = buf + (size_t)r * ldb;
+            }
+        }
         const float *bj = c->b ? c->b + j : NULL;
         int64_t n = 0;
 #if MM_PACK
         if (!ref && jb == MM_JB && c->N >= MM_NB) {
-            float *pk = buf + (size_t)MM_JB * K;
+            float *pk = buf + (size_t)MM_JB * ldb;
             mm_pack8(rows, K, pk);
             for (; n + MM_NB <= c->N; n += MM_NB)
                 mm_tile_4x8_512(c->x + n * K, K, pk, rows, bj, c->y + n * M + j, M);
@@ -386,6 +474,10 @@ static void matmul_worker(void *arg, int ith, int nth) {
         if (!ref) {
             for (; n + MM_NB <= c->N; n += MM_NB) {
                 int r = 0;
+                if (jb >= 3) {
+                    mm_tile_4x3n_avx(c->x + n * K, K, rows, jb / 3, bj, c->y + n * M + j, M);
+                    r = jb / 3 * 3;
+                }
                 for (; r + 2 <= jb; r += 2)
                     mm_tile_4x2_avx(c->x + n * K, K, rows[r], rows[r + 1], bj ? bj + r : NULL,
                                     c->y + n * M + j + r, M);
@@ -552,8 +644,8 @@ int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const 
     if (quant_is_matmul_type(W->type)) return matmul_quant(p, y, x, W, b ? (const float *)b->data : NULL, N);
     int nth = h3r_pool_size(p);
     float *scratch = NULL;
-    if (W->type != GGML_TYPE_F32 || MM_PACK) {
-        scratch = malloc((size_t)nth * (MM_PACK + 1) * MM_JB * (size_t)K * sizeof(float));
+    if (W->type != GGML_TYPE_F32 || MM_PACK || MM_COPY_F32) {
+        scratch = malloc((size_t)nth * (MM_PACK + 1) * MM_JB * (size_t)(K + MM_PAD) * sizeof(float));
         if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory (%d x %d x %lld floats)",
                                         nth, MM_JB, (long long)K);
     }

@@ -16,7 +16,7 @@ from conftest import rel_err
 from gguf_fuzz_child import core_lib, last_error
 
 # Tolerances (relative error = max abs error / max |reference|, conftest.rel_err):
-# matmul: float32 products summed over K <= 300 terms in float32 (8 partial sums);
+# matmul: float32 products summed over K <= 777 terms in float32 (8 partial sums);
 # rounding grows ~sqrt(K) * 2^-24 relative to the largest term; measured 1.6e-7.
 TOL_MATMUL = 1e-5
 # attention: float32 dots over Dh, the softmax exp (ops.c exp_ref: Cephes polynomial, within
@@ -67,9 +67,10 @@ def matmul(x, w, b, threads, f16=False):
     return y
 
 
-# Odd K (8-lane tails), N around the 4-row tile, M around the 8-column block and 2-column tile.
+# Odd K (8-lane tails), N around the 4-row tile, M around the column blocks (8 or 12) and the
+# 2- and 3-column tiles; K past the 256-element chunks of the AVX2 tile, with a short last chunk.
 MATMUL_SHAPES = [(1, 1, 1), (1, 300, 7), (5, 37, 19), (17, 64, 33), (3, 130, 8), (40, 9, 2), (2, 16, 65),
-                 (8, 23, 17), (9, 40, 3)]
+                 (8, 23, 17), (9, 40, 3), (9, 777, 26), (13, 520, 40)]
 
 
 @pytest.mark.parametrize("N,K,M", MATMUL_SHAPES)
