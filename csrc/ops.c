@@ -138,19 +138,23 @@ static inline void dots_4x2_avx(const float *x, int64_t ldx, const float *w0, co
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), u;
-        /* keep the weights in registers: folded into each FMA they would be
-         * loaded 4 times, making the tile load-bound */
+        /* keep every loaded row in a register: folded into each FMA it would be
+         * loaded 2 or 4 times, making the tile load-bound */
         __asm__("" : "+x"(v0), "+x"(v1));
         u = _mm256_loadu_ps(x0 + k);
+        __asm__("" : "+x"(u));
         a00 = _mm256_fmadd_ps(u, v0, a00);
         a01 = _mm256_fmadd_ps(u, v1, a01);
         u = _mm256_loadu_ps(x1 + k);
+        __asm__("" : "+x"(u));
         a10 = _mm256_fmadd_ps(u, v0, a10);
         a11 = _mm256_fmadd_ps(u, v1, a11);
         u = _mm256_loadu_ps(x2 + k);
+        __asm__("" : "+x"(u));
         a20 = _mm256_fmadd_ps(u, v0, a20);
         a21 = _mm256_fmadd_ps(u, v1, a21);
         u = _mm256_loadu_ps(x3 + k);
+        __asm__("" : "+x"(u));
         a30 = _mm256_fmadd_ps(u, v0, a30);
         a31 = _mm256_fmadd_ps(u, v1, a31);
     }
@@ -186,14 +190,18 @@ static inline void acc_4x3_avx(const float *x, int64_t ldx, const float *const *
         __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2));
         u = _mm256_loadu_ps(x0 + k);
         __asm__("" : "+x"(u));
+        __asm__("" : "+x"(u));
         a00 = _mm256_fmadd_ps(u, v0, a00); a01 = _mm256_fmadd_ps(u, v1, a01); a02 = _mm256_fmadd_ps(u, v2, a02);
         u = _mm256_loadu_ps(x1 + k);
+        __asm__("" : "+x"(u));
         __asm__("" : "+x"(u));
         a10 = _mm256_fmadd_ps(u, v0, a10); a11 = _mm256_fmadd_ps(u, v1, a11); a12 = _mm256_fmadd_ps(u, v2, a12);
         u = _mm256_loadu_ps(x2 + k);
         __asm__("" : "+x"(u));
+        __asm__("" : "+x"(u));
         a20 = _mm256_fmadd_ps(u, v0, a20); a21 = _mm256_fmadd_ps(u, v1, a21); a22 = _mm256_fmadd_ps(u, v2, a22);
         u = _mm256_loadu_ps(x3 + k);
+        __asm__("" : "+x"(u));
         __asm__("" : "+x"(u));
         a30 = _mm256_fmadd_ps(u, v0, a30); a31 = _mm256_fmadd_ps(u, v1, a31); a32 = _mm256_fmadd_ps(u, v2, a32);
     }
@@ -761,6 +769,20 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
     if (!ref)
         for (; i + 4 <= bq; i += 4) {
             int j = 0;
+            const int64_t D8 = Dh / 8 * 8;
+            for (; j + 3 <= bk; j += 3) {   /* 4 queries x 3 keys: 12 chains */
+                const float *kr[3] = {k + j * ld, k + (j + 1) * ld, k + (j + 2) * ld};
+                __m256 acc[12];
+                for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();
+                acc_4x3_avx(q + i * ld, ld, kr, 0, D8, acc);
+                for (int r = 0; r < 4; r++)
+                    for (int c = 0; c < 3; c++) {
+                        const float *qr = q + (i + r) * ld;
+                        float sc = hsum_avx(acc[3 * r + c]);
+                        for (int64_t t = D8; t < Dh; t++) sc = fmaf(qr[t], kr[c][t], sc);
+                        S[(i + r) * ATT_BK + j + c] = scale * sc;
+                    }
+            }
             for (; j + 2 <= bk; j += 2) {
                 float s[4][2];
                 dots_4x2_avx(q + i * ld, ld, k + j * ld, k + (j + 1) * ld, Dh, s);
@@ -849,6 +871,26 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                 _mm512_storeu_ps(o3 + d, c30); _mm512_storeu_ps(o3 + d + 16, c31);
             }
 #endif
+            for (; d + 24 <= Dh; d += 24) {   /* 4 rows x 24 columns: 12 chains, each v load serves 4 FMAs */
+                float *o[4] = {o0, o1, o2, o3};
+                const float *pr[4] = {p0, p1, p2, p3};
+                __m256 c[4][3];
+                for (int r = 0; r < 4; r++)
+                    for (int u = 0; u < 3; u++) c[r][u] = _mm256_loadu_ps(o[r] + d + 8 * u);
+                for (int j = 0; j < bk; j++) {
+                    const float *vj = v + j * ld + d;
+                    __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8), v2 = _mm256_loadu_ps(vj + 16);
+                    __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2));
+                    for (int r = 0; r < 4; r++) {
+                        const __m256 p = _mm256_broadcast_ss(pr[r] + j);
+                        c[r][0] = _mm256_fmadd_ps(p, v0, c[r][0]);
+                        c[r][1] = _mm256_fmadd_ps(p, v1, c[r][1]);
+                        c[r][2] = _mm256_fmadd_ps(p, v2, c[r][2]);
+                    }
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int u = 0; u < 3; u++) _mm256_storeu_ps(o[r] + d + 8 * u, c[r][u]);
+            }
             for (; d + 16 <= Dh; d += 16) {
                 __m256 c00 = _mm256_loadu_ps(o0 + d), c01 = _mm256_loadu_ps(o0 + d + 8);
                 __m256 c10 = _mm256_loadu_ps(o1 + d), c11 = _mm256_loadu_ps(o1 + d + 8);
@@ -857,6 +899,7 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                 for (int j = 0; j < bk; j++) {
                     const float *vj = v + j * ld + d;
                     __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8), p;
+                    __asm__("" : "+x"(v0), "+x"(v1));   /* loaded once for the 4 rows */
                     p = _mm256_broadcast_ss(p0 + j);
                     c00 = _mm256_fmadd_ps(p, v0, c00);
                     c01 = _mm256_fmadd_ps(p, v1, c01);
@@ -880,6 +923,7 @@ static void att_pv(float *O, int Dh, const float *S, int bq, int bk, const float
                 __m256 c2 = _mm256_loadu_ps(o2 + d), c3 = _mm256_loadu_ps(o3 + d);
                 for (int j = 0; j < bk; j++) {
                     __m256 vj = _mm256_loadu_ps(v + j * ld + d);
+                    __asm__("" : "+x"(vj));
                     c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), vj, c0);
                     c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), vj, c1);
                     c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + j), vj, c2);

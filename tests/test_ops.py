@@ -126,7 +126,7 @@ def attention(q, k, v, H, Dh, scale, threads, bias=None):
 
 
 ATT_SHAPES = [(1, 1, 1, 1), (37, 70, 3, 12), (16, 64, 2, 8), (33, 130, 2, 16), (70, 5, 1, 128), (3, 200, 4, 7),
-              (20, 75, 2, 112)]   # Dh 112: the 64-, 32- and 16-column P V tiles in one row
+              (20, 75, 2, 112)]   # Dh 112: the 64-, 32- and 16-column P V tiles (AVX2: 24 and 16) in one row
 
 
 @pytest.mark.parametrize("Nq,Nk,H,Dh", ATT_SHAPES)
