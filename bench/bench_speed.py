@@ -323,9 +323,10 @@ def write_report(out, T, ours, ggml, ggml_version, torch_res, t_torch, dit, gemv
     elif simd == "avx2":
         q8_limit = ("These cores have AVX2 without VNNI: the Q8_0 integer dot of each 32-weight block pair "
                     "takes two vpsignb, a vpmaddubsw and a vpmaddwd, then a conversion, a scale product "
-                    "and an FMA per activation row, more vector work per weight than the f32 FMA tile; "
-                    f"its matmul runs at {q8_over_f16:.2f}x f16's in (a), where 1.5x torch would need "
-                    "more than the two cores' f32 FMA peak")
+                    "and an FMA per activation row: "
+                    f"about as many vector instructions per weight as the f32 FMA tile, so its matmul "
+                    f"runs at {q8_over_f16:.2f}x f16's in (a), where 1.5x torch needs it well above the "
+                    "f32 tiles' rate")
     else:
         q8_limit = f"The Q8_0 matmul runs at {q8_over_f16:.2f}x f16's in (a)"
     missed = 0

@@ -67,7 +67,7 @@ def matmul(x, w, b, threads, f16=False):
     return y
 
 
-# Odd K (8-lane tails), N around the 4-row tile, M around the column blocks (8 or 12) and the
+# Odd K (8-lane tails), N around the 4-row tile, M around the column blocks (6 or 8) and the
 # 2- and 3-column tiles; K past the 256-element chunks of the AVX2 tile, with a short last chunk.
 MATMUL_SHAPES = [(1, 1, 1), (1, 300, 7), (5, 37, 19), (17, 64, 33), (3, 130, 8), (40, 9, 2), (2, 16, 65),
                  (8, 23, 17), (9, 40, 3), (9, 777, 26), (13, 520, 40)]
