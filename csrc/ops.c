@@ -185,26 +185,21 @@ static inline void acc_4x3_avx(const float *x, int64_t ldx, const float *const *
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     const float *w0 = w[0], *w1 = w[1], *w2 = w[2];
     for (int64_t k = k0; k < k1; k += 8) {
-        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k), u;
+        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k);
         /* keep every loaded row in a register: folded into each FMA it would be
          * loaded 3 or 4 times, making the tile load-bound */
         __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2));
-        u = _mm256_loadu_ps(x0 + k);
-        __asm__("" : "+x"(u));
-        __asm__("" : "+x"(u));
-        a00 = _mm256_fmadd_ps(u, v0, a00); a01 = _mm256_fmadd_ps(u, v1, a01); a02 = _mm256_fmadd_ps(u, v2, a02);
-        u = _mm256_loadu_ps(x1 + k);
-        __asm__("" : "+x"(u));
-        __asm__("" : "+x"(u));
-        a10 = _mm256_fmadd_ps(u, v0, a10); a11 = _mm256_fmadd_ps(u, v1, a11); a12 = _mm256_fmadd_ps(u, v2, a12);
-        u = _mm256_loadu_ps(x2 + k);
-        __asm__("" : "+x"(u));
-        __asm__("" : "+x"(u));
-        a20 = _mm256_fmadd_ps(u, v0, a20); a21 = _mm256_fmadd_ps(u, v1, a21); a22 = _mm256_fmadd_ps(u, v2, a22);
-        u = _mm256_loadu_ps(x3 + k);
-        __asm__("" : "+x"(u));
-        __asm__("" : "+x"(u));
-        a30 = _mm256_fmadd_ps(u, v0, a30); a31 = _mm256_fmadd_ps(u, v1, a31); a32 = _mm256_fmadd_ps(u, v2, a32);
+#define ACC_ROW(xr, c0, c1, c2)                                                                  \
+    do {                                                                                         \
+        __m256 u = _mm256_loadu_ps((xr) + k);                                                    \
+        __asm__("" : "+x"(u));                                                                   \
+        c0 = _mm256_fmadd_ps(u, v0, c0); c1 = _mm256_fmadd_ps(u, v1, c1); c2 = _mm256_fmadd_ps(u, v2, c2); \
+    } while (0)
+        ACC_ROW(x0, a00, a01, a02);
+        ACC_ROW(x1, a10, a11, a12);
+        ACC_ROW(x2, a20, a21, a22);
+        ACC_ROW(x3, a30, a31, a32);
+#undef ACC_ROW
     }
     acc[0] = a00; acc[1] = a01; acc[2] = a02; acc[3] = a10; acc[4] = a11; acc[5] = a12;
     acc[6] = a20; acc[7] = a21; acc[8] = a22; acc[9] = a30; acc[10] = a31; acc[11] = a32;
