@@ -110,10 +110,14 @@ static void f16_row_to_f32(const uint16_t *src, float *dst, int64_t K) {
     for (; k < K; k++) dst[k] = h3r_f16_to_f32(src[k]);
 }
 
-/* Weight row j as f32: a pointer into the mapping for F32, else converted
- * into buf (K,). */
-static const float *weight_row(const h3r_tensor *W, int64_t j, int64_t K, float *buf) {
-    if (W->type == GGML_TYPE_F32) return (const float *)W->data + j * K;
+/* Weight row j as f32: for F32 a pointer into the mapping, or with copy_f32 a
+ * copy in buf (K,); F16 converted into buf. */
+static const float *weight_row(const h3r_tensor *W, int64_t j, int64_t K, float *buf, int copy_f32) {
+    if (W->type == GGML_TYPE_F32) {
+        if (!copy_f32) return (const float *)W->data + j * K;
+        memcpy(buf, (const float *)W->data + j * K, (size_t)K * sizeof(float));
+        return buf;
+    }
     f16_row_to_f32((const uint16_t *)W->data + j * K, buf, K);  /* GGML_TYPE_F16 */
     return buf;
 }
@@ -205,6 +209,18 @@ static inline void acc_4x3_avx(const float *x, int64_t ldx, const float *const *
     acc[6] = a20; acc[7] = a21; acc[8] = a22; acc[9] = a30; acc[10] = a31; acc[11] = a32;
 }
 
+/* The 12 chains of acc_4x3_avx summed: s[i][c] = hsum_avx(acc[3i + c]), then
+ * the ordered tail k in [K8, K) fused in (x_i stride ldx, w_c rows). */
+static inline void dots_4x3_finish(const __m256 acc[12], const float *x, int64_t ldx, const float *const *w,
+                                   int64_t K8, int64_t K, float s[4][3]) {
+    for (int i = 0; i < 4; i++)
+        for (int c = 0; c < 3; c++) {
+            float v = hsum_avx(acc[3 * i + c]);
+            for (int64_t k = K8; k < K; k++) v = fmaf(x[i * ldx + k], w[c][k], v);
+            s[i][c] = v;
+        }
+}
+
 #define MM_KC 256   /* K chunk: the 4 x rows' chunk (4 KiB) stays in L1 while every weight triple passes */
 
 /*
@@ -224,14 +240,12 @@ static void mm_tile_4x3n_avx(const float *x, int64_t K, const float *const *rows
         int64_t k1 = k0 + MM_KC < K8 ? k0 + MM_KC : K8;
         for (int t = 0; t < ntrip; t++) acc_4x3_avx(x, K, rows + 3 * t, k0, k1, acc[t]);
     }
-    for (int t = 0; t < ntrip; t++)
+    for (int t = 0; t < ntrip; t++) {
+        float s[4][3];
+        dots_4x3_finish(acc[t], x, K, rows + 3 * t, K8, K, s);
         for (int i = 0; i < 4; i++)
-            for (int c = 0; c < 3; c++) {
-                const float *xi = x + i * K, *wr = rows[3 * t + c];
-                float s = hsum_avx(acc[t][3 * i + c]);
-                for (int64_t k = K8; k < K; k++) s = fmaf(xi[k], wr[k], s);
-                y[i * ldy + 3 * t + c] = b ? s + b[3 * t + c] : s;
-            }
+            for (int c = 0; c < 3; c++) y[i * ldy + 3 * t + c] = b ? s[i][c] + b[3 * t + c] : s[i][c];
+    }
 }
 
 /* y[i][c] (stride ldy) = dots_4x2 (+ b[c]) for the matmul. */
@@ -446,24 +460,19 @@ static void matmul_worker(void *arg, int ith, int nth) {
                 for (int r = 0; r < 4; r++) c->y[n * M + j + r] = c->b ? s[r] + c->b[j + r] : s[r];
             }
         for (; j < j1; j++) {
-            const float *wr = weight_row(c->W, j, K, buf);
+            const float *wr = weight_row(c->W, j, K, buf, 0);
             for (int64_t n = 0; n < c->N; n++)
                 c->y[n * M + j] = mm_one(c->x + n * K, wr, K, c->b ? c->b + j : NULL, 0);
         }
         return;
     }
 #endif
+    /* F32 rows too go to the padded copy for the AVX2 tile (cheap: each row then
+     * meets all N rows of x) */
+    const int copy_f32 = MM_COPY_F32 && !ref && c->N >= MM_NB;
     for (int64_t j = j0; j < j1; j += MM_JB) {
         int jb = j1 - j < MM_JB ? (int)(j1 - j) : MM_JB;
-        for (int r = 0; r < jb; r++) {
-            rows[r] = weight_row(c->W, j + r, K, buf + (size_t)r * ldb);
-            /* F32 rows too go to the padded copy for the AVX2 tile (cheap: each row then
-             * meets all N rows of x) */
-            if (MM_COPY_F32 && !ref && c->N >= MM_NB && rows[r] != buf + (size_t)r * ldb) {
-                memcpy(buf + (size_t)r * ldb, rows[r], (size_t)K * sizeof(float));
-                rows[r] = buf + (size_t)r * ldb;
-            }
-        }
+        for (int r = 0; r < jb; r++) rows[r] = weight_row(c->W, j + r, K, buf + (size_t)r * ldb, copy_f32);
         const float *bj = c->b ? c->b + j : NULL;
         int64_t n = 0;
 #if MM_PACK
@@ -771,13 +780,10 @@ static void att_scores(const float *q, const float *qp, const float *k, int64_t 
                 __m256 acc[12];
                 for (int a = 0; a < 12; a++) acc[a] = _mm256_setzero_ps();
                 acc_4x3_avx(q + i * ld, ld, kr, 0, D8, acc);
+                float s[4][3];
+                dots_4x3_finish(acc, q + i * ld, ld, kr, D8, Dh, s);
                 for (int r = 0; r < 4; r++)
-                    for (int c = 0; c < 3; c++) {
-                        const float *qr = q + (i + r) * ld;
-                        float sc = hsum_avx(acc[3 * r + c]);
-                        for (int64_t t = D8; t < Dh; t++) sc = fmaf(qr[t], kr[c][t], sc);
-                        S[(i + r) * ATT_BK + j + c] = scale * sc;
-                    }
+                    for (int c = 0; c < 3; c++) S[(i + r) * ATT_BK + j + c] = scale * s[r][c];
             }
             for (; j + 2 <= bk; j += 2) {
                 float s[4][2];
