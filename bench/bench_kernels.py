@@ -17,19 +17,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_speed import CODES, LEVELS, _lib, _weights, best_of  # noqa: E402
+from bench_speed import CODES, LEVELS, _lib, best_of, ours_matmul  # noqa: E402
 
 
 def matmul(N: int, K: int, M: int, levels: list[str], threads: int, repeats: int) -> None:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, K)).astype(np.float32)
-    w = rng.standard_normal((M, K)).astype(np.float32)
-    y = np.zeros((N, M), np.float32)
-    for level in levels:
-        raw = _weights(level, w)
-        t = best_of(lambda: _lib().h3r_test_matmul(threads, y.ctypes.data, x.ctypes.data, raw.ctypes.data,
-                                                   CODES[level], None, N, K, M), repeats)
-        print(f"matmul {level} ({N}, {K}) @ ({M}, {K})^T, {threads} threads: {2.0 * N * K * M / t / 1e9:.1f} GFLOP/s")
+    for level, gflops in ours_matmul(threads, repeats, (N, K, M), tuple(levels)).items():
+        print(f"matmul {level} ({N}, {K}) @ ({M}, {K})^T, {threads} threads: {gflops:.1f} GFLOP/s")
 
 
 def attention(N: int, H: int, Dh: int, threads: int, repeats: int) -> None:

@@ -61,14 +61,16 @@ def best_of(fn, repeats: int) -> float:
     return best
 
 
-def ours_matmul(threads: int, repeats: int) -> dict[str, float]:
-    N, K, M = MM_SHAPE
+def ours_matmul(threads: int, repeats: int, shape: tuple[int, int, int] = MM_SHAPE,
+                levels: tuple[str, ...] = LEVELS) -> dict[str, float]:
+    """level -> GFLOP/s of x (N, K) @ W (M, K)^T, best of `repeats`."""
+    N, K, M = shape
     rng = np.random.default_rng(0)
     x = rng.standard_normal((N, K)).astype(np.float32)
     w = rng.standard_normal((M, K)).astype(np.float32)
     y = np.zeros((N, M), np.float32)
     out = {}
-    for level in LEVELS:
+    for level in levels:
         raw = _weights(level, w)
         t = best_of(lambda: _lib().h3r_test_matmul(threads, y.ctypes.data, x.ctypes.data, raw.ctypes.data,
                                                    CODES[level], None, N, K, M), repeats)
