@@ -1,0 +1,124 @@
+"""The fault table: what each fault test tried, what held and what was lost.
+
+A fault test calls `fault_table(area, case, tried=..., held=..., lost=..., bound=...)`
+once per case (a case is one kind of fault; `tried` counts its trials, `held` those
+where every promise held, `lost` the acknowledged jobs or files lost). The rows are
+printed as one table at the end of the run and, when H3RENDER_FAULTS_REPORT names a
+file, appended to it as JSON lines (`make faults` and docs/RELIABILITY.md read it).
+
+Fixtures here: fault_table, worker_env (the environment of a worker process for this
+test's Redis and home), tmpfs (a size-limited filesystem, for full-disk cases).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import REPO, write_readings
+from h3render.worker.health import Readings
+
+REPORT_ENV = "H3RENDER_FAULTS_REPORT"
+
+
+@dataclass
+class FaultRow:
+    area: str
+    case: str
+    tried: int
+    held: int
+    lost: int
+    bound: str  # the promise, as the table states it
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.held == self.tried and self.lost == 0
+
+
+_ROWS: list[FaultRow] = []
+
+
+@pytest.fixture
+def fault_table():
+    """record(area, case, *, tried, held, lost, bound, note="") -> FaultRow."""
+
+    def record(area: str, case: str, *, tried: int, held: int, lost: int, bound: str,
+               note: str = "") -> FaultRow:
+        row = FaultRow(area, case, int(tried), int(held), int(lost), bound, note)
+        _ROWS.append(row)
+        path = os.environ.get(REPORT_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(asdict(row)) + "\n")
+        return row
+
+    return record
+
+
+def format_table(rows: list[FaultRow]) -> list[str]:
+    """The fault table as Markdown lines (also used by tools/faults/soak.py)."""
+    lines = ["| area | case | tried | held | lost | must hold | note |",
+             "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r.area} | {r.case} | {r.tried} | {r.held} | {r.lost} | {r.bound} | {r.note} |")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _ROWS:
+        return
+    terminalreporter.section("fault table")
+    for line in format_table(_ROWS):
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def worker_env(h3_settings, tmp_path):
+    """Environment of worker processes: this test's Redis and home, 1 s gate polls,
+    1 s retry intervals, the test triggers on and a readings file (normal)."""
+    readings = tmp_path / "readings.json"
+    write_readings(readings, Readings(platform="test"))
+    e = dict(os.environ)
+    e.update(
+        PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""),
+        H3RENDER_HOME=str(h3_settings.home),
+        H3RENDER_REDIS_URL=h3_settings.redis_url,
+        H3RENDER_GATE_POLL_S="1",
+        H3RENDER_RETRY_INTERVALS_S="[1, 1, 1]",
+        H3RENDER_ENABLE_TEST_TRIGGERS="1",
+        H3RENDER_TEST_READINGS=str(readings),
+    )
+    e["_readings"] = str(readings)
+    return e
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size_bytes) -> Path of a fresh tmpfs of that size (unmounted after the test).
+
+    Needs root and mount(8), as on CI; skips with the reason otherwise."""
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("full-disk cases mount a tmpfs: needs root and mount(8)")
+        d = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
+        d.mkdir()
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size)}", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
