@@ -23,9 +23,8 @@ from h3render.queue import status as st
 from h3render.queue.enqueue import SWEEP_KEY
 from h3render.queue.job import JobPhase
 from h3render.settings import Settings
+from h3render.keys import ENGINE_KEY, HEALTH_HISTORY_KEY
 
-HEALTH_HISTORY_KEY = "h3render:health:{host}:history"
-ENGINE_KEY = "h3render:engine:{model}"
 MEDIA_NAMES = ("video.mp4", "poster.png", "meta.json")
 LOG_TAIL_LINES = 60
 HISTORY_POINTS = 720  # worker page: the last this many health readings

@@ -22,8 +22,8 @@ from h3render.queue.enqueue import queue
 from h3render.queue.job import JobPhase
 from h3render.queue.status import fetch_job, sweep_job_ids
 from h3render.settings import Settings
+from h3render.keys import CANCEL_KEY
 
-CANCEL_KEY = "h3render:cancel:{id}"
 CANCEL_TTL_S = 24 * 3600
 _WAITING = (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.CREATED)
 

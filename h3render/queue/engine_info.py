@@ -13,8 +13,7 @@ import json
 import redis
 
 from h3render.queue.errors import JobValidationError, Problem
-
-ENGINE_KEY = "h3render:engine:{model}"
+from h3render.keys import ENGINE_KEY
 
 
 def publish_engine_info(r: redis.Redis, model: str, info: dict) -> None:

@@ -29,10 +29,7 @@ from h3render.queue.job import RENDER_FUNC, JobPhase, RenderJob, new_job_id, new
 from h3render.queue.sweep import expand, preview_version
 from h3render.queue.validation import resolve_with_warnings
 from h3render.settings import Settings
-
-SWEEP_KEY = "h3render:sweep:{id}"
-SWEEP_JOBS_KEY = "h3render:sweep:{id}:jobs"
-SWEEPS_KEY = "h3render:sweeps"
+from h3render.keys import SWEEPS_KEY, SWEEP_JOBS_KEY, SWEEP_KEY
 
 
 def queue(r: redis.Redis, settings: Settings) -> Queue:

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.engine.limits import MAX_FRAMES, MAX_SIDE
+from h3render.keys import RENDER_FUNC  # noqa: F401 - re-exported for the queue's users
 
-RENDER_FUNC = "h3render.worker.render.render_job"
 SEED_MAX = 2**63 - 1
 MAX_PROMPT_CHARS = 4000
 SAMPLERS = ("unipc", "euler")

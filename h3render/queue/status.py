@@ -30,8 +30,7 @@ from h3render.queue.enqueue import SWEEP_JOBS_KEY, SWEEP_KEY, SWEEPS_KEY, queue
 from h3render.queue.errors import NotFoundError
 from h3render.queue.job import JobPhase
 from h3render.settings import Settings
-
-HEALTH_KEY = "h3render:health:{host}"
+from h3render.keys import HEALTH_KEY
 
 
 @dataclass

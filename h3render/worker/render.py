@@ -39,9 +39,9 @@ from h3render.settings import Settings
 from h3render.worker import admission as adm
 from h3render.worker.health import Readings, decide_thermal
 from h3render.worker.sensors import read_readings
+from h3render.keys import CANCEL_KEY, RENDER_FUNC
 
-ALLOWED_FUNC = "h3render.worker.render.render_job"
-CANCEL_KEY = "h3render:cancel:{id}"
+ALLOWED_FUNC = RENDER_FUNC
 PHASE_STATE = {"load": JobPhase.loading, "encode": JobPhase.encoding,
                "denoise": JobPhase.denoising, "decode": JobPhase.decoding}
 THERMAL_CHECK_MIN_S = 2.0  # at most one sensor read per this many seconds during a render

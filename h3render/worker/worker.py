@@ -54,12 +54,9 @@ from h3render.settings import Settings
 from h3render.worker.health import Decision, Readings, decide
 from h3render.worker.render import refusal
 from h3render.worker.sensors import read_readings
+from h3render.keys import HEALTH_HISTORY_KEY, HEALTH_KEY, LOCK_KEY
 
 log = logging.getLogger("h3render.worker")
-
-HEALTH_KEY = "h3render:health:{host}"
-HEALTH_HISTORY_KEY = "h3render:health:{host}:history"
-LOCK_KEY = "h3render:worker-lock:{host}"
 
 
 class WorkerLockedError(RuntimeError):
