@@ -25,6 +25,7 @@ from rq.serializers import JSONSerializer
 from h3render.queue import estimate as est
 from h3render.queue.engine_info import engine_info
 from h3render.queue.errors import JobValidationError, Problem
+from h3render.queue.jobstate import record_state
 from h3render.queue.job import RENDER_FUNC, JobPhase, RenderJob, new_job_id, new_sweep_id
 from h3render.queue.sweep import expand, preview_version
 from h3render.queue.validation import resolve_with_warnings
@@ -175,6 +176,8 @@ def enqueue_planned(
             k: (v if isinstance(v, (str, int, float)) else json.dumps(v)) for k, v in (sweep_record or {}).items()
         } | {"created_at": now, "jobs": len(planned), "estimate_s": sum(p.seconds for p in planned)})
         pipe.rpush(SWEEP_JOBS_KEY.format(id=sweep_id), *[p.job_id for p in planned])
+        for p in planned:
+            record_state(pipe, sweep_id, p.job_id, JobPhase.queued, now)
         pipe.sadd(SWEEPS_KEY, sweep_id)
     pipe.execute()
     return EnqueueResult(
