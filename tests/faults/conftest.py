@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, write_readings
+from faults.harness import REPO, write_readings
 from h3render.worker.health import Readings
 
 REPORT_ENV = "H3RENDER_FAULTS_REPORT"
