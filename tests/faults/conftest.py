@@ -17,30 +17,16 @@ import os
 import shutil
 import subprocess
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from faults.harness import REPO, write_readings
+from faults.table import FaultRow, format_table  # noqa: F401 - format_table re-exported
 from h3render.worker.health import Readings
 
 REPORT_ENV = "H3RENDER_FAULTS_REPORT"
-
-
-@dataclass
-class FaultRow:
-    area: str
-    case: str
-    tried: int
-    held: int
-    lost: int
-    bound: str  # the promise, as the table states it
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.held == self.tried and self.lost == 0
 
 
 _ROWS: list[FaultRow] = []
@@ -61,15 +47,6 @@ def fault_table():
         return row
 
     return record
-
-
-def format_table(rows: list[FaultRow]) -> list[str]:
-    """The fault table as Markdown lines (also used by tools/faults/soak.py)."""
-    lines = ["| area | case | tried | held | lost | must hold | note |",
-             "| --- | --- | ---: | ---: | ---: | --- | --- |"]
-    for r in rows:
-        lines.append(f"| {r.area} | {r.case} | {r.tried} | {r.held} | {r.lost} | {r.bound} | {r.note} |")
-    return lines
 
 
 def pytest_terminal_summary(terminalreporter):

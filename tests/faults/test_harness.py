@@ -1,6 +1,6 @@
 """The fault table itself: rows record, and the table formats every column."""
 
-from faults.conftest import FaultRow, format_table
+from faults.table import FaultRow, format_table
 
 
 def test_fault_table_formats_rows(fault_table):
