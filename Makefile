@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: all install test demo lib fixtures bench clean
+.PHONY: all install test demo lib fixtures bench faults clean
 
 all: install
 
@@ -47,6 +47,13 @@ $(BENCH_VENV)/bin/python:
 bench: install $(BENCH_VENV)/bin/python
 	@test -x $(REF_PY) || { echo "bench needs torch + diffusers at REF_PY=$(REF_PY): run 'make fixtures' or pass REF_PY=..."; exit 2; }
 	$(PY) bench/bench_speed.py --ref-python $(REF_PY) --bench-python $(BENCH_VENV)/bin/python --threads $(BENCH_THREADS) --out docs/PERFORMANCE.md
+
+# The fault table (tests/faults, also part of `make test`), then the soak: hundreds of
+# random kills, Redis crashes, corrupt records and cancels over one sweep, bounded in time.
+FAULTS_MINUTES ?= 8
+faults: install
+	cd tests && ../$(VENV)/bin/pytest -q faults
+	$(PY) tests/faults/soak.py --minutes $(FAULTS_MINUTES)
 
 # Regenerate the reference fixtures from diffusers and transformers (needs torch).
 fixtures:
