@@ -5,6 +5,14 @@ ffmpeg process (the binary shipped by imageio-ffmpeg), so a long video never
 sits in memory. Every file is written under a temporary name in its final
 directory and renamed only when the whole render succeeded: a reader never
 sees a half-written video, and a failed render leaves nothing behind.
+`close(fsync=True)` also flushes each file to the disk before it is renamed.
+(The render task goes one step further: it points RenderOutputs at a staging
+folder of its own and publishes the whole job folder by one rename,
+h3render.worker.staging.)
+
+A full disk is reported as such: an OSError with errno ENOSPC (or EDQUOT) from
+Python's own writes, a VideoError whose `errno` is ENOSPC/EDQUOT when ffmpeg
+said so in its log.
 
 `probe` reads a video back (codec, pixel format, size, fps, frame count) by
 running the same ffmpeg; `parse_probe` is the pure parser of its log.
@@ -12,6 +20,7 @@ running the same ffmpeg; `parse_probe` is the pure parser of its log.
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import re
 import subprocess
@@ -28,7 +37,30 @@ DEFAULT_CRF = 18  # x264 constant rate factor: visually lossless for generated v
 
 
 class VideoError(RuntimeError):
-    """ffmpeg failed to write or read a video; the message carries its log."""
+    """ffmpeg failed to write or read a video; the message carries its log.
+
+    `errno` is set when the log names an OS error the caller acts on: ENOSPC
+    ("No space left on device") or EDQUOT ("Disk quota exceeded")."""
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+
+_LOG_ERRNOS = {os.strerror(_errno.ENOSPC): _errno.ENOSPC, os.strerror(_errno.EDQUOT): _errno.EDQUOT}
+
+
+def _log_errno(text: str) -> int | None:
+    return next((code for msg, code in _LOG_ERRNOS.items() if msg in text), None)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to the disk (before it is renamed into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def ffmpeg_exe() -> str:
@@ -90,10 +122,12 @@ class Mp4Writer:
             self._proc.stdin.write(frame.tobytes())
         except (BrokenPipeError, OSError) as exc:
             self._finish()
-            raise VideoError(f"{self.path}: ffmpeg stopped: {self._log_text()}") from exc
+            text = self._log_text()
+            self._cleanup()
+            raise VideoError(f"{self.path}: ffmpeg stopped: {text}", _log_errno(text)) from exc
         self.frames += 1
 
-    def close(self) -> Path:
+    def close(self, fsync: bool = False) -> Path:
         """Finish encoding and rename the file into place; returns its path."""
         if self._proc is None:
             return self.path
@@ -104,8 +138,14 @@ class Mp4Writer:
         if rc != 0:
             text = self._log_text()
             self._cleanup()
-            raise VideoError(f"{self.path}: ffmpeg exited with {rc}: {text}")
-        os.replace(self._tmp, self.path)
+            raise VideoError(f"{self.path}: ffmpeg exited with {rc}: {text}", _log_errno(text))
+        try:
+            if fsync:
+                fsync_file(self._tmp)
+            os.replace(self._tmp, self.path)
+        except OSError:
+            self._cleanup()
+            raise
         self._log.close()
         return self.path
 
@@ -129,7 +169,8 @@ class Mp4Writer:
 
     def _cleanup(self) -> None:
         self._tmp.unlink(missing_ok=True)
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
 
     def _log_text(self) -> str:
         self._log.seek(0)
@@ -222,16 +263,29 @@ class RenderOutputs:
         self._pending.append((tmp, final))
         Image.fromarray(frame, "RGB").save(tmp, format="PNG")
 
-    def close(self) -> dict[str, Path]:
-        """Check all frames arrived, finish the mp4, rename everything into place."""
+    def close(self, fsync: bool = False) -> dict[str, Path]:
+        """Check all frames arrived, finish the mp4, rename everything into place
+        (after flushing each file to the disk when `fsync`)."""
         if self.count != self.total:
             self.abort()
             raise VideoError(f"render produced {self.count} frames, expected {self.total}")
         written: dict[str, Path] = {}
-        if self._mp4 is not None:
-            written["video"] = self._mp4.close()
-        for tmp, final in self._pending:
-            os.replace(tmp, final)
+        placed: list[Path] = []  # a close that fails half way takes back what it renamed
+        try:
+            if self._mp4 is not None:
+                written["video"] = self._mp4.close(fsync=fsync)
+                placed.append(written["video"])
+            if fsync:
+                for tmp, _ in self._pending:
+                    fsync_file(tmp)
+            for tmp, final in self._pending:
+                os.replace(tmp, final)
+                placed.append(final)
+        except BaseException:
+            self.abort()
+            for f in placed:
+                f.unlink(missing_ok=True)
+            raise
         self._pending.clear()
         if self.poster is not None:
             written["poster"] = Path(self.poster)
