@@ -88,6 +88,14 @@ class Settings(BaseSettings):
     # Seconds a worker's host lock lives without a refresh (one worker per host+Redis).
     worker_lock_ttl_s: int = Field(60, gt=5)
 
+    # ---- Disk: free space under renders/ ----
+    # The gate holds before a dequeue while less than this is free; admission of a job
+    # needs its output estimate (h3render.worker.admission.output_bytes) on top of it.
+    gate_min_free_bytes: int = Field(1024**3, ge=0)
+    # A render that hits a full disk goes back to the queue without spending a retry,
+    # at most this many times per job (then disk-full failures spend retries as usual).
+    disk_full_requeues_max: int = Field(5, ge=0)
+
 
     @field_validator("retry_intervals_s")
     @classmethod

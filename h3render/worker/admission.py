@@ -21,6 +21,8 @@ The estimate is the peak resident set of one render, phase by phase:
 
 peak = weights + max(encode, denoise, decode) + overhead. It is deliberately a
 little high; tests compare it with the measured peak RSS of real renders.
+
+`output_bytes` bounds what a render writes to disk (the disk side of admission).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ GiB = 1024**3
 MiB = 1024**2
 F32 = 4
 OVERHEAD_BYTES = 256 * MiB
+META_ALLOWANCE_BYTES = 1 * MiB  # meta.json (health samples, step times) and file system slack
 WAN_FFN_ROWS = 256  # wan_dit.c: FFN hidden rows computed at once
 MM_JB = 8  # ops.c: weight rows per matmul tile
 
@@ -211,6 +214,19 @@ def smaller_size(shape: JobShape, dims: ModelDims, weight_bytes: int,
         if est.total <= usable:
             return w, h
     return None
+
+
+# ---------------------------------------------------------------- disk
+
+
+def output_bytes(width: int, height: int, frames: int) -> int:
+    """An upper bound of the bytes one render writes: video.mp4, poster.png, meta.json.
+
+    The mp4 is counted as raw RGB24 (3 bytes a pixel a frame): H.264 yuv420p at the
+    crf we use stays well under raw yuv420p (1.5 bytes), even for noise. The poster
+    is one raw RGB frame plus 1% for PNG's row filters and zlib framing."""
+    px = width * height
+    return frames * px * 3 + px * 3 * 101 // 100 + META_ALLOWANCE_BYTES
 
 
 # ---------------------------------------------------------------- model directory

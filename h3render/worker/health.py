@@ -1,4 +1,4 @@
-"""The health gate: readings of memory, heat and power -> open or closed, with reasons.
+"""The health gate: readings of memory, heat, power and disk -> open or closed, with reasons.
 
 Pure policy. `Readings` is a platform-neutral snapshot; `macos_readings` and
 `linux_readings` assemble one from what the parsers in h3render.worker.probes
@@ -8,6 +8,11 @@ I/O lives in h3render.worker.sensors, so tests feed recorded real outputs here.
 Each check is a separate function that returns a Reason or None. A probe that
 could not be read (a VM without thermal zones, a kernel without PSI) never
 closes the gate by itself: it is listed in `Decision.notes`.
+
+The disk check holds while less than gate_min_free_bytes is free under renders/:
+before a dequeue the worker does not know the next job, so the margin alone
+decides; admission of a job then asks for its output estimate on top of it
+(h3render.worker.render).
 """
 
 from __future__ import annotations
@@ -73,6 +78,12 @@ class PowerReading(_Model):
     low_power_mode: bool | None = None
 
 
+class DiskReading(_Model):
+    path: str | None = None  # the renders folder (or its nearest existing parent) measured
+    free_bytes: int | None = None  # free to an unprivileged writer (statvfs f_bavail)
+    total_bytes: int | None = None
+
+
 class Readings(_Model):
     """One snapshot of everything the gate looks at; `errors` lists probes that failed."""
 
@@ -81,6 +92,7 @@ class Readings(_Model):
     memory: MemoryReading = MemoryReading()
     thermal: ThermalReading = ThermalReading()
     power: PowerReading = PowerReading()
+    disk: DiskReading = DiskReading()
     errors: list[str] = []
 
 
@@ -88,6 +100,7 @@ class Check(str, Enum):
     memory = "memory"
     thermal = "thermal"
     power = "power"
+    disk = "disk"
 
 
 class Reason(_Model):
@@ -361,10 +374,30 @@ def _low_power(r: Readings, s: Settings, prev: Readings | None) -> Reason | None
     return None
 
 
+def format_bytes(n: int) -> str:
+    """1536 -> "1.5 KiB": the unit that keeps the figure between 1 and 1024."""
+    v = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{int(v)} bytes" if unit == "bytes" else f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{v:.1f} GiB"
+
+
+def _disk(r: Readings, s: Settings, prev: Readings | None) -> Reason | None:
+    d = r.disk
+    if d.free_bytes is not None and d.free_bytes < s.gate_min_free_bytes:
+        return Reason(check=Check.disk, code="disk_free",
+                      message=f"disk: {format_bytes(d.free_bytes)} free under {d.path}, below the "
+                              f"{format_bytes(s.gate_min_free_bytes)} margin "
+                              "(H3RENDER_GATE_MIN_FREE_BYTES)")
+    return None
+
+
 CHECKS: list[Callable[[Readings, Settings, Readings | None], Reason | None]] = [
     _macos_pressure, _macos_free, _psi, _available, _swap, _compressor,
     _thermal_state, _speed_limit, _zones, _throttle,
-    _battery, _low_power,
+    _battery, _low_power, _disk,
 ]
 THERMAL_CHECKS = [_thermal_state, _speed_limit, _zones, _throttle]
 

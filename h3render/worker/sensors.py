@@ -4,7 +4,8 @@
     macOS: sysctl (LC_ALL=C), vm_stat, pmset -g therm|batt, pmset -g, psutil,
            ProcessInfo.thermalState through the Objective-C runtime (ctypes);
     Linux: /proc/pressure/memory, psutil memory and swap, /sys/class/thermal zones,
-           thermal_throttle counters, psutil battery and hwmon temperatures.
+           thermal_throttle counters, psutil battery and hwmon temperatures;
+    both:  free and total bytes of the filesystem under renders/ (shutil.disk_usage).
 A probe that fails adds a line to Readings.errors and never raises.
 
 Never runs `memory_pressure -l/-p` (they allocate memory to simulate pressure)
@@ -12,7 +13,8 @@ and never needs root (powermetrics is not used).
 
 Test hook: when H3RENDER_ENABLE_TEST_TRIGGERS=1 and H3RENDER_TEST_READINGS names a
 JSON file, the readings come from that file (re-read on every call), so tests can
-drive a real worker process through closed and open gates.
+drive a real worker process through closed and open gates. A file that gives no
+disk reading gets the real filesystem's, so a test on a small tmpfs is real.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import ctypes.util
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +33,7 @@ from typing import Callable, TypeVar
 
 from h3render.settings import Settings
 from h3render.worker import probes as P
-from h3render.worker.health import Readings, linux_readings, macos_readings
+from h3render.worker.health import DiskReading, Readings, linux_readings, macos_readings
 
 T = TypeVar("T")
 TEST_READINGS_ENV = "H3RENDER_TEST_READINGS"
@@ -198,6 +201,23 @@ def read_linux(settings: Settings) -> Readings:
     )
 
 
+# ---------------------------------------------------------------- disk
+
+
+def read_disk(settings: Settings) -> DiskReading:
+    """Free and total bytes of the filesystem renders/ is on. Before the first render
+    the folder may not exist yet: its nearest existing parent is on the same filesystem
+    (unless a mount point is created later, which the next reading sees)."""
+    path = Path(settings.renders_dir())
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        du = shutil.disk_usage(path)
+    except OSError:
+        return DiskReading(path=str(path))
+    return DiskReading(path=str(settings.renders_dir()), free_bytes=du.free, total_bytes=du.total)
+
+
 # ---------------------------------------------------------------- dispatch
 
 
@@ -213,9 +233,13 @@ def read_readings(settings: Settings) -> Readings:
     if path is not None:
         doc = json.loads(path.read_text())
         doc["time"] = time.time()
-        return Readings.model_validate(doc)
-    if sys.platform == "darwin":
-        return read_macos(settings)
-    if sys.platform.startswith("linux"):
-        return read_linux(settings)
-    return Readings(platform=sys.platform, errors=[f"no health probes for {sys.platform}"])
+        r = Readings.model_validate(doc)
+    elif sys.platform == "darwin":
+        r = read_macos(settings)
+    elif sys.platform.startswith("linux"):
+        r = read_linux(settings)
+    else:
+        r = Readings(platform=sys.platform, errors=[f"no health probes for {sys.platform}"])
+    if r.disk.free_bytes is None:
+        r = r.model_copy(update={"disk": read_disk(settings)})
+    return r
