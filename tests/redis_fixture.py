@@ -27,7 +27,7 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A private redis-server with AOF (appendfsync everysec) in `directory`."""
+    """A private redis-server with AOF (appendfsync always) in `directory`."""
 
     def __init__(self, directory, port: int):
         from h3render.queue.redis_server import EmbeddedRedis
@@ -48,7 +48,7 @@ class RedisServer:
         self.server.stop()
 
     def kill(self) -> None:
-        """SIGKILL: what a crash or power cut does; up to ~1 s of writes may be lost (everysec)."""
+        """SIGKILL: what a crash does; nothing acknowledged is lost (appendfsync always)."""
         self.server.stop(hard=True)
 
     def restart(self, hard: bool = False):

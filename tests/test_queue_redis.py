@@ -40,7 +40,7 @@ def test_started_on_demand_outlives_its_process_and_is_reused(embedded_env):
     st = server.status()
     assert st.running and st.aof_enabled and st.port == embedded_env.redis_port
     conf = server.conf_path.read_text()
-    for line in ("bind 127.0.0.1", "appendonly yes", "appendfsync everysec", f"port {embedded_env.redis_port}"):
+    for line in ("bind 127.0.0.1", "appendonly yes", "appendfsync always", f"port {embedded_env.redis_port}"):
         assert line in conf
     assert server.pid_path.is_file() and server.log_path.is_file()
     pid = st.pid
@@ -54,8 +54,8 @@ def test_aof_keeps_data_across_a_hard_kill(embedded_env):
     server = embedded(embedded_env)
     r = server.start()
     r.rpush("h3r:list", *range(100))
-    time.sleep(1.5)  # appendfsync everysec: at most ~1 s of writes may be lost on a crash
-    server.stop(hard=True)
+    server.stop(hard=True)  # at once: appendfsync always fsyncs before it replies
+
     assert not server.status().running
     assert server.start().llen("h3r:list") == 100
 

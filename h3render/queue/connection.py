@@ -1,6 +1,8 @@
 """The one way to reach Redis: H3RENDER_REDIS_URL when set, else the embedded server.
 
-Clients keep decode_responses=False because rq stores bytes.
+Clients keep decode_responses=False because rq stores bytes. `single_attempt(r)` is for
+writes that must not run twice: redis-py re-sends a whole MULTI/EXEC after a lost
+reply by default, and a sweep whose first EXEC did commit would then be queued twice.
 """
 
 from __future__ import annotations
@@ -39,3 +41,18 @@ def get_redis(settings: Settings | None = None, start: bool = True) -> redis.Red
             "queue command, or set H3RENDER_REDIS_URL)"
         )
     return r
+
+
+def single_attempt(r: redis.Redis) -> redis.Redis:
+    """A client for r's server whose commands are sent once: a lost reply raises instead of
+    re-sending. Its own pool; close it with `.connection_pool.disconnect()`.
+
+    For pools of another kind (Sentinel, cluster) r itself is returned."""
+    pool = r.connection_pool
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+        return r
+    kw = dict(pool.connection_kwargs)
+    kw["retry"] = Retry(NoBackoff(), 0)
+    kw.pop("retry_on_error", None)
+    kw.pop("retry_on_timeout", None)
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kw))

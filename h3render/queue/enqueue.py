@@ -6,6 +6,13 @@ a job_timeout from its estimate, 30-day result/failure TTLs and Retry from the
 settings. Sweeps also write "h3render:sweep:<id>" (hash), "h3render:sweep:<id>:jobs"
 (list, in run order) and add the id to "h3render:sweeps"; all in the same
 MULTI/EXEC, so a sweep is queued whole or not at all.
+
+Acknowledged means stored (h3render.queue.durability): before the EXEC the server's
+persistence is probed and the AOF's disk checked for room; the EXEC is sent once
+(never re-sent after a lost reply, which could queue a sweep twice); after it the
+write is confirmed (WAITAOF on Redis >= 7.2, else INFO persistence). Any doubt raises
+NotStoredError and nothing is reported queued. EnqueueResult.stored says what the
+acknowledgement means on this server (fsynced, written, memory, unknown).
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
+from h3render.queue import durability
 from h3render.queue import estimate as est
+from h3render.queue.connection import single_attempt
 from h3render.queue.engine_info import engine_info
 from h3render.queue.errors import JobValidationError, Problem
 from h3render.queue.jobstate import record_state
@@ -58,6 +67,7 @@ class EnqueueResult:
     sweep_id: str | None = None
     preview_ids: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # distinct warnings of all jobs, in order
+    stored: str = durability.Stored.fsynced.value  # what the acknowledgement means (durability.Stored)
 
     def to_dict(self) -> dict:
         return {
@@ -68,6 +78,7 @@ class EnqueueResult:
             "estimate_s": round(self.seconds, 1),
             "estimate_source": self.time_source,
             "warnings": self.warnings,
+            "stored": self.stored,
         }
 
 
@@ -169,24 +180,38 @@ def enqueue_planned(
     # at_front jobs are LPUSHed one by one: push them last-first so they run in plan order.
     front = [d for d in datas if d.at_front][::-1]
     back = [d for d in datas if not d.at_front]
-    pipe = r.pipeline(transaction=True)
-    q.enqueue_many(back + front, pipeline=pipe)
-    if sweep_id is not None:
-        pipe.hset(SWEEP_KEY.format(id=sweep_id), mapping={
-            k: (v if isinstance(v, (str, int, float)) else json.dumps(v)) for k, v in (sweep_record or {}).items()
-        } | {"created_at": now, "jobs": len(planned), "estimate_s": sum(p.seconds for p in planned)})
-        pipe.rpush(SWEEP_JOBS_KEY.format(id=sweep_id), *[p.job_id for p in planned])
-        for p in planned:
-            record_state(pipe, sweep_id, p.job_id, JobPhase.queued, now)
-        pipe.sadd(SWEEPS_KEY, sweep_id)
-    pipe.execute()
+    persistence = durability.probe(r)
+    wr = single_attempt(r)
+    try:
+        pipe = wr.pipeline(transaction=True)
+        q.enqueue_many(back + front, pipeline=pipe)
+        if sweep_id is not None:
+            pipe.hset(SWEEP_KEY.format(id=sweep_id), mapping={
+                k: (v if isinstance(v, (str, int, float)) else json.dumps(v)) for k, v in (sweep_record or {}).items()
+            } | {"created_at": now, "jobs": len(planned), "estimate_s": sum(p.seconds for p in planned)})
+            pipe.rpush(SWEEP_JOBS_KEY.format(id=sweep_id), *[p.job_id for p in planned])
+            for p in planned:
+                record_state(pipe, sweep_id, p.job_id, JobPhase.queued, now)
+            pipe.sadd(SWEEPS_KEY, sweep_id)
+        durability.check_room(persistence, durability.write_bytes(pipe.command_stack))
+        try:
+            pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
+            raise durability.not_stored(e, persistence) from None
+        stored_warnings = durability.confirm(wr, persistence)
+    finally:
+        if wr is not r:
+            wr.connection_pool.disconnect()
+    if persistence.stored != durability.Stored.fsynced:
+        stored_warnings.append(f"acknowledged means {persistence.stored.text}")
     return EnqueueResult(
         job_ids=[p.job_id for p in planned],
         seconds=sum(p.seconds for p in planned),
         time_source=", ".join(sorted({p.time_source for p in planned})) or "default",
         sweep_id=sweep_id,
         preview_ids=[p.job_id for p in planned if p.preview_of],
-        warnings=distinct_warnings(planned),
+        warnings=distinct_warnings(planned) + stored_warnings,
+        stored=persistence.stored.value,
     )
 
 

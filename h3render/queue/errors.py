@@ -21,6 +21,26 @@ class NotFoundError(QueueError):
     """A job or sweep id that Redis does not know."""
 
 
+class NotStoredError(QueueError):
+    """Redis did not store a write on disk (or did not say it had): nothing is reported queued.
+
+    `cause` is what Redis said or logged; `free_bytes` the free space of the disk its AOF is
+    on when that disk is on this machine, else None (`where` then says what INFO reports).
+    """
+
+    def __init__(self, cause: str, free_bytes: int | None = None, where: str = ""):
+        self.cause = cause
+        self.free_bytes = free_bytes
+        self.where = where
+        disk = (f"{free_bytes} bytes free on the disk of its AOF ({where})" if free_bytes is not None
+                else where or "free space of its disk unknown")
+        super().__init__(f"not queued: Redis cannot persist: {cause}; {disk}")
+
+    def to_dict(self) -> dict:
+        return {"error": "not queued: Redis cannot persist", "cause": self.cause,
+                "free_bytes": self.free_bytes, "where": self.where}
+
+
 class QueueInputError(QueueError, ValueError):
     """Bad input from the user: a job field, a sweep axis, a TOML file."""
 

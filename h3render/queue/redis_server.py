@@ -1,9 +1,16 @@
 """The embedded Redis: a private redis-server under $H3RENDER_HOME/redis/, started on demand.
 
 It binds 127.0.0.1 on its own port (6391 by default, never 6379), persists with
-AOF (appendonly yes, appendfsync everysec), daemonizes with a pid file and a log,
+AOF (appendonly yes, appendfsync always), daemonizes with a pid file and a log,
 and outlives the process that started it: the next CLI call or worker reuses it.
 Workers connect over TCP (rq's SpawnWorker cannot use unix sockets in rq 2.12).
+
+appendfsync always, because an acknowledged enqueue must be on disk: Redis fsyncs the
+AOF before it sends the reply, and when the write or the fsync fails (a full disk) it
+exits rather than acknowledge (with everysec it replies first, then refuses writes with
+MISCONF, and the acknowledged write is gone at the next start). The enqueue path checks
+the disk's room first (h3render.queue.durability), so a full disk it can see refuses the
+enqueue instead of stopping the server. bench/bench_enqueue.py measures the cost.
 
     redis/redis.conf    written on every start from the settings
     redis/redis.pid     pid of the running server
@@ -98,7 +105,7 @@ class EmbeddedRedis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, **kw)
 
     def config_text(self) -> str:
-        """redis.conf for this server: loopback only, AOF every second, daemonized."""
+        """redis.conf for this server: loopback only, AOF fsynced before every reply, daemonized."""
         return "\n".join(
             [
                 "# written by h3render; edits are overwritten on the next start",
@@ -110,7 +117,9 @@ class EmbeddedRedis:
                 f'logfile "{self.log_path}"',
                 f'dir "{self.dir}"',
                 "appendonly yes",
-                "appendfsync everysec",
+                "appendfsync always",
+                "no-appendfsync-on-rewrite no",  # "yes" would skip the fsyncs while a rewrite runs
+                "aof-load-truncated yes",  # a write cut short by a crash is dropped at load, not fatal
                 'save ""',
                 "",
             ]
@@ -173,7 +182,7 @@ class EmbeddedRedis:
                 self._check_ours(r)
                 return r
             binary = find_redis_server(self.binary)
-            self.conf_path.write_text(self.config_text())
+            self._write_config()
             proc = subprocess.run(
                 [binary, str(self.conf_path)],
                 stdin=subprocess.DEVNULL,
@@ -192,8 +201,31 @@ class EmbeddedRedis:
             raise RedisUnavailableError(
                 f"redis-server on 127.0.0.1:{self.port} did not answer within {START_TIMEOUT_S:.0f} s "
                 f"(exit {proc.returncode}): {proc.stdout.decode(errors='replace')[-400:]}"
-                f"{self._log_tail()}"
+                f"{self._log_tail()}{self._disk_note()}"
             )
+
+    def _write_config(self) -> None:
+        """Write redis.conf when it changed, by rename: a full disk must not leave a truncated
+        file that redis-server would read as "all defaults" (port 6379, dir of the caller)."""
+        text = self.config_text()
+        try:
+            if self.conf_path.read_text() == text:
+                return
+        except OSError:
+            pass
+        tmp = self.conf_path.with_name(f".redis.conf.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.conf_path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise RedisUnavailableError(f"cannot write {self.conf_path}: {e.strerror or e}{self._disk_note()}") from None
+
+    def _disk_note(self) -> str:
+        try:
+            return f" ({shutil.disk_usage(self.dir).free} bytes free on the disk of {self.dir})"
+        except OSError:
+            return ""
 
     def _log_tail(self, n: int = 5) -> str:
         try:
