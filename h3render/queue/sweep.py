@@ -26,9 +26,14 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import tomllib
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI, before it joined the standard library
+    import tomli as tomllib
 
 from h3render.engine.limits import EngineLimits
 from h3render.queue.errors import JobValidationError, Problem
