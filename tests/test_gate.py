@@ -1,7 +1,7 @@
 """The health gate's policy, fed by parsed real probe samples.
 
 High memory pressure, thrashing, battery and Low Power Mode come from the recorded
-outputs in ../shared/probe-samples/. None of those samples shows heat, so the
+outputs in tests/fixtures/probe-samples/. None of those samples shows heat, so the
 heat cases parse text in the exact recorded formats with hot values
 substituted (said at each one); "cleared" readings are the real normal samples.
 """
@@ -30,7 +30,8 @@ GiB = 1024**3
 @pytest.fixture(autouse=True)
 def _need_samples():
     if not SAMPLES.is_dir():
-        pytest.skip(f"probe samples folder {SAMPLES} is absent (set H3RENDER_PROBE_SAMPLES)")
+        pytest.fail(f"probe samples folder {SAMPLES} is absent: the repo ships them in "
+                    "tests/fixtures/probe-samples (H3RENDER_PROBE_SAMPLES overrides it)")
 
 
 @pytest.fixture

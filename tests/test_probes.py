@@ -1,4 +1,4 @@
-"""Every recorded probe output in <repo>/../shared/probe-samples/ through its parser.
+"""Every recorded probe output in tests/fixtures/probe-samples/ through its parser.
 
 The samples are real outputs (see that folder's README.md); the first line of each
 file is a `# source:` note, the rest is what the command printed. Each file has
@@ -14,8 +14,10 @@ import pytest
 
 from h3render.worker import probes as P
 
+# Recorded command outputs, copied into the repo so a clone anywhere runs every case;
+# H3RENDER_PROBE_SAMPLES points at another folder of them (a newer recording).
 SAMPLES = Path(os.environ.get("H3RENDER_PROBE_SAMPLES",
-                              Path(__file__).resolve().parents[1].parent / "shared" / "probe-samples"))
+                              Path(__file__).resolve().parent / "fixtures" / "probe-samples"))
 
 GiB = 1024**3
 MiB = 1024**2
@@ -291,8 +293,8 @@ def _sample_names() -> list[str]:
 @pytest.fixture(autouse=True)
 def _need_samples():
     if not SAMPLES.is_dir():
-        pytest.skip(f"probe samples folder {SAMPLES} is absent (it sits next to the repo, "
-                    "in shared/probe-samples; set H3RENDER_PROBE_SAMPLES to point at it)")
+        pytest.fail(f"probe samples folder {SAMPLES} is absent: the repo ships them in "
+                    "tests/fixtures/probe-samples (H3RENDER_PROBE_SAMPLES overrides it)")
 
 
 def test_every_sample_has_expectations():

@@ -4,7 +4,7 @@ Real redis-server (tests/redis_fixture.py), a real `h3render worker --burst`
 process and its spawned render process, the built-in tiny model. The readings
 come from the worker's test-only readings file (H3RENDER_ENABLE_TEST_TRIGGERS=1),
 built as tests/test_gate.py builds them from the real recorded samples in
-../shared/probe-samples/: "cool" is the normal Linux box (idle PSI, zones at
+tests/fixtures/probe-samples/: "cool" is the normal Linux box (idle PSI, zones at
 their recorded temperatures, plugged in); "hot" is the same with
 linux-thermal-zone-grep-01's x86_pkg_temp zone raised from its recorded 25 °C to
 104 °C against its real 107 °C trip (no recorded sample is hot).
@@ -39,7 +39,8 @@ HELD_S = 2.0  # how long we keep it hot after the pause is seen, checking no ste
 @pytest.fixture(autouse=True)
 def _need_samples():
     if not SAMPLES.is_dir():
-        pytest.skip(f"probe samples folder {SAMPLES} is absent (set H3RENDER_PROBE_SAMPLES)")
+        pytest.fail(f"probe samples folder {SAMPLES} is absent: the repo ships them in "
+                    "tests/fixtures/probe-samples (H3RENDER_PROBE_SAMPLES overrides it)")
 
 
 def readings(hot: bool):
