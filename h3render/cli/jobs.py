@@ -19,7 +19,8 @@ from typing import Any
 import click
 
 from h3render.engine.builtin import DEFAULT_MODEL
-from h3render.queue.errors import JobValidationError, NotFoundError, Problem, QueueError, QueueInputError
+from h3render.queue.errors import (JobValidationError, NotFoundError, NotStoredError, Problem, QueueError,
+                                   QueueInputError)
 
 INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps", "preview_every")
 FLOAT_FIELDS = ("guidance", "shift")
@@ -41,6 +42,8 @@ def handle_errors(fn):
             _fail(e.to_dict() if as_json else "invalid job:\n" + "\n".join(f"  {p}" for p in e.problems), 2, as_json)
         except (QueueInputError, NotFoundError) as e:
             _fail({"error": str(e)} if as_json else str(e), 2, as_json)
+        except NotStoredError as e:  # Redis could not persist: nothing was queued
+            _fail({**e.to_dict(), "message": str(e)} if as_json else str(e), 1, as_json)
         except QueueError as e:
             _fail({"error": str(e)} if as_json else str(e), 1, as_json)
         except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
@@ -176,7 +179,8 @@ def enqueue(prompt: str, options: tuple[str, ...], wait: bool, as_json: bool, **
     res = do_enqueue(r, payload, settings)
     job_id = res.job_ids[0]
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "estimate_s": round(res.seconds, 1), "warnings": res.warnings}))
+        click.echo(json.dumps({"job_id": job_id, "estimate_s": round(res.seconds, 1), "warnings": res.warnings,
+                               "stored": res.stored}))
     else:
         click.echo(job_id)
         click.echo(f"estimated run time {fmt_s(res.seconds)} ({res.time_source})", err=True)
@@ -291,8 +295,12 @@ def sweep(toml_file, preview, preview_every, priority, options, dry_run, wait, a
         return
     res = enqueue_sweep_planned(r, planned, fixed, axes, settings, preview)
     if as_json:
-        click.echo(json.dumps({"sweep_id": res.sweep_id, **summary}))
+        click.echo(json.dumps({"sweep_id": res.sweep_id, **summary, "warnings": res.warnings,
+                               "stored": res.stored}))
     else:
+        for w in res.warnings:
+            if w not in summary["warnings"]:  # what the write itself said (durability)
+                click.echo(f"warning: {w}", err=True)
         click.echo(res.sweep_id)
         pv = f" ({summary['preview_jobs']} previews first)" if preview else ""
         click.echo(f"{len(res.job_ids)} jobs{pv}, estimated total {fmt_s(total)} ({summary['estimate_source']})",
