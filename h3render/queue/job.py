@@ -38,6 +38,7 @@ class JobPhase(str, Enum):
 
     queued          waiting in the queue (or for a retry interval)
     waiting_memory  dequeued, but admission waits for memory to free up
+    waiting_disk    dequeued, but admission waits for disk space under renders/
     loading         mapping weights
     encoding        text encoder
     denoising       sampler steps (meta "step"/"steps" move)
@@ -51,6 +52,7 @@ class JobPhase(str, Enum):
 
     queued = "queued"
     waiting_memory = "waiting_memory"
+    waiting_disk = "waiting_disk"
     loading = "loading"
     encoding = "encoding"
     denoising = "denoising"

@@ -5,7 +5,11 @@ engine for exactly one render and all memory goes back to the OS afterwards.
 
     validate (RenderJob, resolved)        -> PermanentJobError on failure
     resolve the model by name             -> PermanentJobError when missing
-    admission (memory estimate vs now)    -> waits, then RetryableJobError; the estimate is
+    admission (memory estimate vs now)    -> PermanentJobError at once when the job cannot fit
+                                             this machine's total memory (figures and the
+                                             nearest size that fits); else waits for memory
+                                             and for disk space (output estimate + margin),
+                                             then RetryableJobError; the estimate is
                                              the CPU engine's (h3render.worker.admission) or,
                                              for an H3 snapshot, h3.c's (admit_h3, with the
                                              DiT bytes from `models inspect`)
@@ -14,18 +18,24 @@ engine for exactly one render and all memory goes back to the OS afterwards.
                                              between denoising steps; the latest preview
                                              frame as a small PNG (h3render.worker.preview);
                                              threads from `h3render tune` when measured
-    outputs: video.mp4, poster.png, meta.json, written under temporary names and renamed
+    outputs: video.mp4, poster.png, meta.json, written and flushed in this attempt's
+             staging folder, which becomes the job folder by one rename
+             (h3render.worker.staging); stale staging folders are swept first
 
-Failures are classified here (see `classify`): permanent ones set the job's
-retries_left to 0 so rq does not retry them; transient ones keep rq's Retry.
-A cancel returns normally with meta state "canceled"; the worker then moves the
-job to rq's canceled registry (the horse's own bookkeeping would say finished).
+Failures are classified and recorded by h3render.worker.failures: permanent ones
+set the job's retries_left to 0 so rq does not retry them; transient ones keep
+rq's Retry; a full disk sends the job back to the queue without spending a retry.
+A job that fails for good gets a job folder holding only meta.json with the reason.
+A cancel returns normally with meta state "canceled" and leaves no job folder;
+the worker then moves the job to rq's canceled registry (the horse's own
+bookkeeping would say finished). The cancel key is read at every step and at
+least every CANCEL_POLL_S while the job waits (for memory, for disk, paused hot).
+Every state write goes through h3render.queue.jobstate.save_h3r.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import resource
 import signal
@@ -35,9 +45,23 @@ import time
 from pathlib import Path
 
 from h3render.queue.job import JobPhase, RenderJob
+from h3render.queue.jobstate import save_h3r
 from h3render.settings import Settings
 from h3render.worker import admission as adm
-from h3render.worker.health import Readings, decide_thermal
+from h3render.worker import staging
+from h3render.worker.failures import (  # noqa: F401 - the error classes are part of this module's face
+    DiskFull,
+    JobError,
+    NotEnoughDisk,
+    NotEnoughMemory,
+    PermanentJobError,
+    RetryableJobError,
+    ThermalAbort,
+    WorkerLost,
+    classify,
+    record_failure,
+)
+from h3render.worker.health import Readings, decide_thermal, format_bytes
 from h3render.worker.sensors import read_readings
 from h3render.keys import CANCEL_KEY, RENDER_FUNC
 
@@ -45,6 +69,7 @@ ALLOWED_FUNC = RENDER_FUNC
 PHASE_STATE = {"load": JobPhase.loading, "encode": JobPhase.encoding,
                "denoise": JobPhase.denoising, "decode": JobPhase.decoding}
 THERMAL_CHECK_MIN_S = 2.0  # at most one sensor read per this many seconds during a render
+CANCEL_POLL_S = 0.5  # while waiting: a cancel ends the job within this plus the horse's exit
 
 
 def refusal(job) -> str | None:
@@ -90,59 +115,15 @@ def _short(v) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-class JobError(Exception):
-    """A render failed; `retryable` says whether rq may try again."""
-
-    retryable = True
-
-    def __init__(self, message: str, engine_error: str = ""):
-        super().__init__(message)
-        self.engine_error = engine_error
-
-
-class PermanentJobError(JobError):
-    retryable = False
-
-
-class RetryableJobError(JobError):
-    retryable = True
-
-
-class NotEnoughMemory(RetryableJobError):
-    pass
-
-
-class ThermalAbort(RetryableJobError):
-    pass
-
-
-class WorkerLost(RetryableJobError):
-    pass
-
-
 def peak_rss_bytes() -> int:
     """Peak resident set of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def classify(exc: BaseException, engine_error: str = "") -> JobError:
-    """Map any exception from a render to a permanent or retryable JobError."""
-    from h3render.engine import exceptions as E
-
-    if isinstance(exc, JobError):
-        return exc
-    msg = f"{type(exc).__name__}: {exc}"
-    permanent = (E.NumericError, E.InvalidRequestError, E.ModelFileError, E.UnsupportedError)
-    if isinstance(exc, permanent):
-        return PermanentJobError(msg, engine_error)
-    if isinstance(exc, (E.EngineOutOfMemoryError, MemoryError)):
-        return RetryableJobError("out of memory: " + msg, engine_error)
-    return RetryableJobError(msg, engine_error)
-
-
 class _Meta:
-    """job.meta["h3r"], saved on every update (cheap: one HSET)."""
+    """job.meta["h3r"], saved on every update through jobstate.save_h3r (one MULTI/EXEC:
+    the meta, and the sweep's state index when the state is among the fields)."""
 
     def __init__(self, job):
         self.job = job
@@ -151,8 +132,22 @@ class _Meta:
     def update(self, **kw) -> None:
         self.data.update({k: (v.value if isinstance(v, JobPhase) else v) for k, v in kw.items()})
         if self.job is not None:
-            self.job.meta["h3r"] = self.data
-            self.job.save_meta()
+            self.job.meta["h3r"] = dict(self.data)
+            self.data = save_h3r(self.job, **kw)
+
+    def drop(self, *keys: str) -> None:
+        """Forget fields of an earlier attempt (saved with the next update)."""
+        for k in keys:
+            self.data.pop(k, None)
+
+
+class _Files:
+    """Where this attempt writes: the job folder it may publish and its staging folder."""
+
+    def __init__(self):
+        self.final: Path | None = None
+        self.staging: Path | None = None
+        self.attempt = 1
 
 
 def _output_dir(settings: Settings, job_id: str, sweep_id: str | None) -> Path:
@@ -161,12 +156,6 @@ def _output_dir(settings: Settings, job_id: str, sweep_id: str | None) -> Path:
         if not part or "/" in part or part.startswith(".") or os.sep in part:
             raise PermanentJobError(f"id {part!r} cannot name an output folder")
     return Path(settings.renders_dir()) / group / job_id
-
-
-def _write_json_atomic(path: Path, doc: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
 
 
 def available_memory(r: Readings) -> int | None:
@@ -190,33 +179,44 @@ def render_job(job: dict) -> dict:
     meta = _Meta(rq_job)
     job_id = rq_job.id if rq_job is not None else "local"
     parent = os.getppid()
+    files = _Files()
     try:
-        return _render(job, rq_job, settings, meta, job_id, parent)
+        return _render(job, rq_job, settings, meta, job_id, parent, files)
+    except _Canceled:
+        staging.discard(files.staging)
+        if files.final is not None:
+            staging.remove_failure_record(files.final)
+        meta.update(state=JobPhase.canceled, canceled_at=time.time(), peak_rss=peak_rss_bytes(),
+                    error=None, reason=None)
+        return {"canceled": True, "job_id": rq_job.id if rq_job else None}
     except BaseException as exc:  # noqa: BLE001 - classified, recorded, re-raised
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            staging.discard(files.staging)
             raise
-        err = classify(exc, meta.data.get("engine_error", ""))
-        meta.update(state=JobPhase.failed, error=str(err), retryable=err.retryable,
-                    engine_error=err.engine_error or meta.data.get("engine_error", ""),
-                    failed_at=time.time(), peak_rss=peak_rss_bytes())
-        if rq_job is not None and not err.retryable:
-            rq_job.retries_left = 0  # rq's handle_job_failure reads this: no retry
+        err = record_failure(exc, rq_job, settings, meta, files, job, peak_rss_bytes())
         if err is exc:
             raise
         raise err from exc
 
 
 def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
-            parent: int) -> dict:
+            parent: int, files: _Files) -> dict:
     from h3render.engine import models
-    from h3render.engine.exceptions import EngineCanceled, EngineError
+    from h3render.engine.exceptions import EngineError
     from h3render.queue.errors import JobValidationError
 
     t0 = time.time()
     timings: dict[str, float] = {}
     health: list[dict] = []
+    files.attempt = int(meta.data.get("attempt", 0)) + 1
+    meta.drop("output_dir")  # set again only once this attempt's job folder is in place
     meta.update(host=socket.gethostname(), pid=os.getpid(), started_at=t0, pauses=[],
-                attempt=int(meta.data.get("attempt", 0)) + 1, error=None, engine_error="")
+                attempt=files.attempt, error=None, engine_error="", reason=None)
+    try:  # an earlier attempt killed mid-render (of this job or another) left its staging
+        staging.sweep_staging(settings.renders_dir())
+    except OSError:
+        pass
+    files.final = _output_dir(settings, job_id, (meta.data.get("sweep_id") or _sweep_of(rq_job)))
 
     # -- validate
     try:
@@ -243,34 +243,74 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
         est, check = _h3_admission(job, model_dir, settings)
     else:
         est, check = _cpu_admission(job, model_dir, settings, threads)
+    _admit(job, settings, meta, rq_job, parent, est, check, health)
+    timings["admission"] = time.time() - t0
+
+    files.staging = staging.new_staging(files.final, files.attempt)
+    meta.update(state=JobPhase.loading, phase="load", reason=None)
+    return _run_engine(job, model_dir, files, settings, meta, rq_job, parent, est, timings,
+                       health, t0, threads)
+
+
+def _admit(job: RenderJob, settings: Settings, meta: _Meta, rq_job, parent: int, est, check,
+           health: list) -> None:
+    """Wait until the job fits this machine's memory and disk now; fail it at once when it
+    can never fit (its estimate exceeds the total), retryably when the wait runs out."""
+    out = adm.output_bytes(job.width, job.height, job.frames)
+    margin = settings.gate_min_free_bytes
+    disk_need = out + margin
     deadline = time.time() + settings.admission_wait_limit_s
     while True:
         readings = read_readings(settings)
         health.append(_health_sample(readings))
+        total, disk = readings.memory.total_bytes, readings.disk
+        if total:
+            whole = check(total)
+            if not whole.fits:
+                raise PermanentJobError(
+                    f"does not fit this machine's memory: needs {adm._gib(whole.need)}, machine "
+                    f"has {adm._gib(total)} total ({adm._gib(whole.usable)} usable, headroom "
+                    f"{whole.headroom:.0%}); {whole.suggestion}")
+        if disk.total_bytes is not None and disk_need > disk.total_bytes:
+            raise PermanentJobError(
+                f"does not fit the disk: needs up to {format_bytes(out)} for its outputs plus the "
+                f"{format_bytes(margin)} margin, and the file system under {disk.path} holds "
+                f"{format_bytes(disk.total_bytes)} in all")
         avail = available_memory(readings)
-        if avail is None:
-            meta.update(estimate={**meta.data.get("estimate", {}), **est.as_meta()},
-                        admission="no memory reading on this machine; admitted")
-            break
-        a = check(avail)
+        a = check(avail) if avail is not None else None
         meta.update(estimate={**meta.data.get("estimate", {}), **est.as_meta()},
-                    admission=a.message)
-        if a.fits:
-            break
+                    output_estimate=out,
+                    admission=a.message if a else "no memory reading on this machine; admitted")
+        short_disk = disk.free_bytes is not None and disk.free_bytes < disk_need
+        if (a is None or a.fits) and not short_disk:
+            return
+        if a is not None and not a.fits:
+            state, why = JobPhase.waiting_memory, a.message
+        else:
+            state = JobPhase.waiting_disk
+            why = (f"needs up to {format_bytes(out)} for its outputs plus the "
+                   f"{format_bytes(margin)} margin, {format_bytes(disk.free_bytes)} free under "
+                   f"{disk.path}")
         if time.time() >= deadline:
-            raise NotEnoughMemory(f"not enough memory: {a.message}")
-        meta.update(state=JobPhase.waiting_memory,
-                    reason=f"waiting for memory: {a.message}")
-        _check_cancel_or_parent(rq_job, parent)
-        time.sleep(min(settings.admission_poll_s, max(deadline - time.time(), 0.1)))
-    timings["admission"] = time.time() - t0
+            if state == JobPhase.waiting_memory:
+                raise NotEnoughMemory(f"not enough memory: {why}")
+            raise NotEnoughDisk(f"not enough disk space: {why}")
+        what = "memory" if state == JobPhase.waiting_memory else "disk space"
+        meta.update(state=state, reason=f"waiting for {what}: {why}")
+        _wait(min(settings.admission_poll_s, max(deadline - time.time(), 0.1)), rq_job, parent)
 
-    out_dir = _output_dir(settings, job_id, (meta.data.get("sweep_id") or
-                                             _sweep_of(rq_job)))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta.update(state=JobPhase.loading, phase="load", output_dir=str(out_dir), reason=None)
-    return _run_engine(job, model_dir, out_dir, settings, meta, rq_job, parent, est, timings,
-                       health, t0, threads)
+
+def _wait(seconds: float, rq_job, parent: int) -> None:
+    """Sleep `seconds`, reading the cancel key every CANCEL_POLL_S: raises _Canceled on a
+    cancel, WorkerLost when the worker died."""
+    end = time.time() + seconds
+    while True:
+        if _check_cancel_or_parent(rq_job, parent):
+            raise _Canceled()
+        left = end - time.time()
+        if left <= 0:
+            return
+        time.sleep(min(CANCEL_POLL_S, left))
 
 
 def engine_threads(job: RenderJob) -> tuple[int, str]:
@@ -351,7 +391,7 @@ def _check_cancel_or_parent(rq_job, parent: int) -> bool:
     return bool(rq_job.connection.exists(CANCEL_KEY.format(id=rq_job.id)))
 
 
-def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settings, meta: _Meta,
+def _run_engine(job: RenderJob, model_dir: Path, files: _Files, settings: Settings, meta: _Meta,
                 rq_job, parent: int, est, timings: dict, health: list, t0: float,
                 threads: int = 0) -> dict:
     from h3render.engine.binding import FRAME_FINAL, FRAME_PREVIEW, Engine, GenerateRequest
@@ -387,57 +427,52 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
         return False
 
     info: dict = {}
-    try:
-        with _open_engine(Engine, model_dir, threads) as engine:
-            info = engine.info()
-            meta.update(engine={k: info.get(k) for k in ("engine", "engine_version", "abi", "model", "threads")})
-            if rq_job is not None:  # clients validate new jobs against what workers serve
-                from h3render.queue.engine_info import publish_engine_info
+    with _open_engine(Engine, model_dir, threads) as engine:
+        info = engine.info()
+        meta.update(engine={k: info.get(k) for k in ("engine", "engine_version", "abi", "model", "threads")})
+        if rq_job is not None:  # clients validate new jobs against what workers serve
+            from h3render.queue.engine_info import publish_engine_info
 
-                publish_engine_info(rq_job.connection, job.model, info)
-            req = GenerateRequest(
-                width=job.width, height=job.height, frames=job.frames, steps=job.steps,
-                seed=int(job.seed), prompt=job.prompt, negative_prompt=job.negative_prompt or "",
-                guidance=job.guidance, shift=job.shift, sampler=job.sampler, quant=job.quant,
-                options=dict(job.engine_options), preview_every=job.preview_every)
-            if info.get("prompt", "token_ids") == "token_ids":
-                from h3render.engine.tokenize import load_tokenizer
+            publish_engine_info(rq_job.connection, job.model, info)
+        req = GenerateRequest(
+            width=job.width, height=job.height, frames=job.frames, steps=job.steps,
+            seed=int(job.seed), prompt=job.prompt, negative_prompt=job.negative_prompt or "",
+            guidance=job.guidance, shift=job.shift, sampler=job.sampler, quant=job.quant,
+            options=dict(job.engine_options), preview_every=job.preview_every)
+        if info.get("prompt", "token_ids") == "token_ids":
+            from h3render.engine.tokenize import load_tokenizer
 
-                tok = load_tokenizer(model_dir, int(info["text_len"]))
-                req.prompt_ids = tok.encode(job.prompt).tolist()
-                req.negative_ids = tok.encode(job.negative_prompt or "").tolist()
-            outputs = RenderOutputs(width=job.width, height=job.height, total=job.frames,
-                                    fps=float(job.fps or info.get("fps", 16)),
-                                    video=out_dir / "video.mp4", poster=out_dir / "poster.png")
-            with outputs:
-                def on_frame(kind: int, index: int, rgb) -> bool:
-                    if kind == FRAME_FINAL:
-                        outputs.add(index, rgb)
-                    elif kind == FRAME_PREVIEW and index + 1 != state["preview_step"]:
-                        from h3render.worker.preview import preview_b64
+            tok = load_tokenizer(model_dir, int(info["text_len"]))
+            req.prompt_ids = tok.encode(job.prompt).tolist()
+            req.negative_ids = tok.encode(job.negative_prompt or "").tolist()
+        outputs = RenderOutputs(width=job.width, height=job.height, total=job.frames,
+                                fps=float(job.fps or info.get("fps", 16)),
+                                video=files.staging / "video.mp4",
+                                poster=files.staging / "poster.png")
+        with outputs:
+            def on_frame(kind: int, index: int, rgb) -> bool:
+                if kind == FRAME_FINAL:
+                    outputs.add(index, rgb)
+                elif kind == FRAME_PREVIEW and index + 1 != state["preview_step"]:
+                    from h3render.worker.preview import preview_b64
 
-                        state["preview_step"] = index + 1  # steps done, as meta "step" counts
-                        meta.update(preview_png=preview_b64(rgb), preview_step=index + 1)
-                    return False
+                    state["preview_step"] = index + 1  # steps done, as meta "step" counts
+                    meta.update(preview_png=preview_b64(rgb), preview_step=index + 1)
+                return False
 
-                try:
-                    engine.generate(req, on_progress=on_progress, on_frame=on_frame)
-                except EngineError as e:
-                    meta.update(engine_error=engine.last_error() or e.message)
-                    if isinstance(e, EngineCanceled) and state["canceled"]:
-                        raise _Canceled() from None
-                    raise
-                now = time.time()
-                timings[state["phase"]] = round(timings.get(state["phase"], 0.0) + now - state["phase_t"], 4)
-                meta.update(state=JobPhase.writing, phase="write")
-                t_w = time.time()
-                written = outputs.close()
-                timings["write"] = round(time.time() - t_w, 4)
-    except _Canceled:
-        meta.update(state=JobPhase.canceled, canceled_at=time.time(), peak_rss=peak_rss_bytes(),
-                    error=None, pauses=pauses)
-        _remove_empty(out_dir)
-        return {"canceled": True, "job_id": rq_job.id if rq_job else None}
+            try:
+                engine.generate(req, on_progress=on_progress, on_frame=on_frame)
+            except EngineError as e:
+                meta.update(engine_error=engine.last_error() or e.message)
+                if isinstance(e, EngineCanceled) and state["canceled"]:
+                    raise _Canceled() from None
+                raise
+            now = time.time()
+            timings[state["phase"]] = round(timings.get(state["phase"], 0.0) + now - state["phase_t"], 4)
+            meta.update(state=JobPhase.writing, phase="write")
+            t_w = time.time()
+            written = outputs.close(fsync=True)
+            timings["write"] = round(time.time() - t_w, 4)
 
     timings["total"] = round(time.time() - t0, 4)
     doc = {
@@ -457,7 +492,9 @@ def _run_engine(job: RenderJob, model_dir: Path, out_dir: Path, settings: Settin
         "outputs": {k: Path(v).name for k, v in written.items()},
         "finished_at": time.time(),
     }
-    _write_json_atomic(out_dir / "meta.json", doc)
+    staging.write_json(files.staging / "meta.json", doc)
+    out_dir = staging.publish(files.staging, files.final)
+    files.staging = None
     meta.update(state=JobPhase.finished, phase="done", output_dir=str(out_dir),
                 peak_rss=doc["peak_rss"], timings=timings, eta_s=0, pauses=pauses,
                 finished_at=doc["finished_at"])
@@ -484,17 +521,11 @@ def _open_engine(engine_cls, model_dir: Path, threads: int):
             e.message) from None
 
 
-def _remove_empty(d: Path) -> None:
-    try:
-        d.rmdir()
-    except OSError:
-        pass
-
-
 def _thermal_pause(settings: Settings, meta: _Meta, state: dict, pauses: list, health: list,
                    rq_job, parent: int) -> None:
     """Between denoising steps: if the machine is hot, wait until it cools (recorded
-    in meta "pauses"); give up after thermal_pause_max_s with ThermalAbort.
+    in meta "pauses"); give up after thermal_pause_max_s with ThermalAbort. The
+    sensors are read every thermal_pause_poll_s, the cancel key every CANCEL_POLL_S.
 
     While paused, rq's job timeout alarm (SIGALRM, armed by the horse for the job's
     timeout) is held and re-armed with what was left, so a pause never times the
@@ -518,16 +549,17 @@ def _thermal_pause(settings: Settings, meta: _Meta, state: dict, pauses: list, h
     held = signal.alarm(0)  # rq's job timeout (SIGALRM) stands still while paused
     try:
         while True:
-            if _check_cancel_or_parent(rq_job, parent):
-                state["canceled"] = True
-                pause["end"] = time.time()
-                return
             if time.time() - start > settings.thermal_pause_max_s:
                 pause["end"] = time.time()
                 meta.update(pauses=pauses)
                 raise ThermalAbort(f"thermal abort: still hot after {settings.thermal_pause_max_s:g} s "
                                    f"({d.state})")
-            time.sleep(settings.thermal_pause_poll_s)
+            try:
+                _wait(settings.thermal_pause_poll_s, rq_job, parent)
+            except _Canceled:
+                state["canceled"] = True
+                pause["end"] = time.time()
+                return
             r = read_readings(settings)
             d = decide_thermal(r, settings, state["prev_readings"])
             state["prev_readings"] = r
