@@ -1,4 +1,5 @@
-"""At worker start: publish the engine info of every installed model, so clients can validate.
+"""What a worker publishes about its machine: every installed model's engine info at start,
+and the machine's memory while it runs, so clients can validate jobs before queuing them.
 
 Clients validate a job against `h3render:engine:<model>` (h3render.queue.engine_info).
 Before this, a model's info appeared only after its first render on a worker; now the
@@ -12,6 +13,15 @@ worker down with it. The child prints one JSON line per model, {"dir", "info"} o
 {"dir", "error"}. A bad model directory is logged and skipped; if the child dies,
 the model it was opening is reported as having crashed it and a new child takes the
 rest. Nothing here is fatal to the worker.
+
+`publish_machine` writes h3render:machine:<host> (h3render.keys.MACHINE_KEY) as JSON
+{host, worker, total_bytes, usable_bytes, time} and adds the host to
+h3render:machines. total_bytes is the machine's memory (a cgroup limit caps it);
+usable_bytes is the most a job can be admitted with there: total minus the
+admission headroom, so a job whose estimate exceeds it can never run on that
+machine. The key lives MACHINE_TTL_POLLS gate polls (at least MACHINE_TTL_MIN_S)
+and the worker refreshes it at every gate check and heartbeat, so a machine
+whose worker is gone drops out of `live_machines` by itself.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import redis
@@ -27,6 +38,8 @@ import redis
 log = logging.getLogger("h3render.worker")
 
 PROBE_TIMEOUT_S = 120.0  # for all models of one child; opening reads headers only
+MACHINE_TTL_POLLS = 3
+MACHINE_TTL_MIN_S = 60
 
 
 def installed_models() -> list[tuple[str, Path]]:
@@ -92,6 +105,51 @@ def publish_installed(r: redis.Redis, models: list[tuple[str, Path]] | None = No
     for name, what in outcome.items():
         (log.info if what == "published" else log.warning)("model %s: %s", name, what)
     return outcome
+
+
+def machine_ttl_s(settings) -> int:
+    return max(MACHINE_TTL_MIN_S, int(MACHINE_TTL_POLLS * settings.gate_poll_s + 0.999))
+
+
+def publish_machine(conn: redis.Redis, host: str, worker_name: str, settings, readings=None) -> dict:
+    """Publish this machine's total and usable memory (see the module doc); `readings`
+    are the sensors' latest (read now when not given). Returns the document."""
+    from h3render.keys import MACHINE_KEY, MACHINES_KEY
+
+    if readings is None:
+        from h3render.worker.sensors import read_readings
+
+        readings = read_readings(settings)
+    total = readings.memory.total_bytes
+    usable = int(total * (1.0 - settings.admission_headroom_fraction)) if total else None
+    doc = {"host": host, "worker": worker_name, "total_bytes": total, "usable_bytes": usable,
+           "time": time.time()}
+    with conn.pipeline(transaction=True) as pipe:
+        pipe.set(MACHINE_KEY.format(host=host), json.dumps(doc), ex=machine_ttl_s(settings))
+        pipe.sadd(MACHINES_KEY, host)
+        pipe.execute()
+    return doc
+
+
+def live_machines(conn: redis.Redis) -> list[dict]:
+    """The machines whose worker published within its TTL, sorted by host. Read only:
+    a host whose key expired is skipped (it stays in the set, which stays small)."""
+    from h3render.keys import MACHINE_KEY, MACHINES_KEY
+
+    hosts = sorted(h.decode() if isinstance(h, bytes) else str(h) for h in conn.smembers(MACHINES_KEY))
+    if not hosts:
+        return []
+    out = []
+    for raw in conn.mget([MACHINE_KEY.format(host=h) for h in hosts]):
+        if raw is None:
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("host"):
+            out.append(doc)
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -302,6 +302,9 @@ class H3Worker(SpawnWorker):
         try:
             publish_health(self.connection, self.host, d, self.name,
                            self.settings.health_history_len)
+            from h3render.worker.publish import publish_machine  # total/usable memory, for enqueue
+
+            publish_machine(self.connection, self.host, self.name, self.settings, readings=readings)
         except redis.RedisError as e:
             log.error("could not publish health: %s", e)
         return d
@@ -406,6 +409,12 @@ class H3Worker(SpawnWorker):
             extend_timeout_by_pauses(job, self._timeout_base)
         except (redis.RedisError, ValueError, TypeError) as e:
             log.error("job %s: could not read its pauses: %s", job.id, e)
+        try:  # the machine record outlives a long render (it expires without a refresh)
+            from h3render.worker.publish import publish_machine
+
+            publish_machine(self.connection, self.host, self.name, self.settings)
+        except redis.RedisError as e:
+            log.error("could not publish the machine's memory: %s", e)
         super().maintain_heartbeats(job)
 
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
@@ -447,6 +456,9 @@ class H3Worker(SpawnWorker):
         models' engine info, work, release."""
         self.acquire_host_lock()
         try:
+            from h3render.worker.staging import sweep_staging  # renders killed before this start
+
+            sweep_staging(self.settings.renders_dir())
             self.publish_models()
             return self.work(burst=burst, max_jobs=max_jobs, with_scheduler=with_scheduler,
                              logging_level=logging_level)
