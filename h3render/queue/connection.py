@@ -28,6 +28,8 @@ def get_redis(settings: Settings | None = None, start: bool = True) -> redis.Red
             probe.ping()  # once, without redis-py's retry backoff, so a wrong URL fails fast
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             raise RedisUnavailableError(f"H3RENDER_REDIS_URL={settings.redis_url!r} does not answer: {e}") from e
+        except redis.ResponseError:
+            pass  # it answers: a server that cannot persist (MISCONF) refuses PING too
         finally:
             probe.close()
         return redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)

@@ -257,6 +257,15 @@ def confirm(wr: redis.Redis, p: Persistence) -> list[str]:
     return warnings
 
 
+# Replies of a server that refuses writes it could not keep (rather than a bad command).
+REFUSALS = ("MISCONF", "READONLY", "OOM", "NOREPLICAS", "NOTENOUGHREPLICAS")
+
+
+def is_refusal(exc: Exception) -> bool:
+    """True for a ResponseError saying the server cannot take writes now (MISCONF, OOM, ...)."""
+    return isinstance(exc, redis.ResponseError) and str(exc).split(" ", 1)[0] in REFUSALS
+
+
 def not_stored(exc: Exception, p: Persistence) -> NotStoredError:
     """The NotStoredError for an EXEC that Redis refused or never acknowledged."""
     free, where = _disk(p)

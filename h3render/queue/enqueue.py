@@ -101,8 +101,19 @@ def plan(
     """Validate and resolve every payload; with preview, small versions of all come first.
 
     Raises JobValidationError with every distinct problem (a sweep with one bad fixed
-    field reports it once, not once per job).
+    field reports it once, not once per job), NotStoredError when Redis refuses the
+    writes planning makes (rq's registry cleanup) because it cannot persist.
     """
+    try:
+        return _plan(r, payloads, settings, preview, rng)
+    except redis.ResponseError as e:
+        if durability.is_refusal(e):
+            raise durability.not_stored(e, durability.probe(r)) from None
+        raise
+
+
+def _plan(r: redis.Redis, payloads: Sequence[Mapping[str, Any]], settings: Settings, preview: bool,
+          rng: random.Random | None) -> list[Planned]:
     infos: dict[str, dict] = {}
     models: dict[tuple[str, str], est.TimeModel] = {}
     problems: list[Problem] = []

@@ -133,6 +133,8 @@ class EmbeddedRedis:
             probe.ping()
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             return None
+        except redis.ResponseError:
+            pass  # it answers: MISCONF (cannot persist) refuses PING too; enqueue explains it
         finally:
             probe.close()
         return self.client()

@@ -232,3 +232,119 @@ def test_redis_sigkill_mid_enqueue_loses_no_acknowledged_job(tmp_path, fault_tab
     assert kept == len(acked), f"acknowledged {len(acked)}, present {kept}"
     assert len(queued) == len(set(queued)), "a job id is on the queue twice"
     assert row.ok
+
+
+# ---------------------------------------------------------------- other servers' promises
+
+
+def test_everysec_server_on_a_full_disk_is_caught_after_the_write(tmpfs, fault_table):
+    """A Redis with appendfsync everysec (an external server, say) replies before its AOF write
+    fails; the check after the EXEC turns that reply into a refusal, and the next enqueue is
+    refused before it writes."""
+    disk = tmpfs(16 * 1024**2)
+    server = EmbeddedRedis(disk / "redis", free_port())
+    settings = Settings(home=disk / "home", redis_url=server.url())
+    r = server.start()
+    try:
+        r.config_set("appendfsync", "everysec")
+        publish_engine_info(r, "tiny-wan", INFO)
+        acked = enqueue_sweep(r, TINY, {"seed": list(range(10))}, settings)
+        assert acked.stored == "written" and any("power cut" in w for w in acked.warnings)
+        filler = fill(disk)
+        mp = pytest.MonkeyPatch()
+        mp.setattr(durability, "check_room", lambda p, n: None)  # the disk of a remote server is not ours to see
+        try:
+            with pytest.raises(NotStoredError) as after:
+                enqueue_sweep(r, TINY, {"seed": list(range(100, 150))}, settings)
+        finally:
+            mp.undo()
+        with pytest.raises(NotStoredError) as before:
+            enqueue_sweep(r, TINY, {"seed": list(range(200, 210))}, settings)
+        held = ["could not write them to its AOF" in after.value.cause,
+                # refused by Redis while planning (MISCONF), or by the check before the EXEC
+                ("MISCONF" in before.value.cause or "last AOF write failed" in before.value.cause)
+                and before.value.free_bytes is not None]
+        filler.unlink()
+        server.stop()
+        r = server.start()
+        kept = present(r, acked.job_ids)
+    finally:
+        server.stop(hard=True)
+    assert held[0], after.value
+    assert held[1], before.value
+    row = fault_table("durability", "everysec Redis on a full disk (external-server path)", tried=len(held),
+                      held=sum(held), lost=len(acked.job_ids) - kept,
+                      bound="the write Redis replied to is refused once INFO shows the failed AOF write",
+                      note=f"acknowledged {len(acked.job_ids)}, present {kept}")
+    assert row.ok
+
+
+def test_aof_off_is_reported_as_memory_only(tmp_path):
+    server = EmbeddedRedis(tmp_path / "redis", free_port())
+    r = server.start()
+    try:
+        r.config_set("appendonly", "no")
+        publish_engine_info(r, "tiny-wan", INFO)
+        res = enqueue_sweep(r, TINY, {"seed": [1, 2]}, Settings(home=tmp_path, redis_url=server.url()))
+    finally:
+        server.stop(hard=True)
+    assert res.stored == "memory"
+    assert any("memory only" in w for w in res.warnings), res.warnings
+
+
+@pytest.mark.parametrize("version, aof, conf, stored, waitaof", [
+    ("7.0.15", 1, {"appendfsync": "always"}, "fsynced", False),
+    ("7.0.15", 1, {"appendfsync": "everysec"}, "written", False),
+    ("6.2.14", 1, {"appendfsync": "no"}, "written", False),
+    ("7.0.15", 1, {}, "unknown", False),  # CONFIG refused
+    ("7.2.4", 1, {"appendfsync": "everysec"}, "fsynced", True),  # WAITAOF confirms each write
+    ("7.4.0", 1, {}, "fsynced", True),
+    ("7.4.0", 0, {"appendfsync": "always"}, "memory", False),  # WAITAOF needs the AOF on
+])
+def test_what_an_acknowledgement_means_per_server(version, aof, conf, stored, waitaof):
+    p = durability.from_info({"redis_version": version, "aof_enabled": aof}, conf, local=False)
+    assert (p.stored.value, p.waitaof) == (stored, waitaof)
+    assert p.aof_dir is None  # a server on another machine: its paths are not ours
+
+
+class _Redis72:
+    """What Redis >= 7.2 answers to WAITAOF (no such server here: 7.0 is installed)."""
+
+    def __init__(self, numlocal: int):
+        self.numlocal = numlocal
+        self.calls: list[tuple] = []
+
+    def execute_command(self, *args):
+        self.calls.append(args)
+        return [self.numlocal, 0]
+
+    def info(self, section):
+        return {"aof_last_write_status": "ok", "aof_last_bgrewrite_status": "ok"}
+
+
+def test_waitaof_confirms_the_fsync_from_redis_7_2():
+    p = durability.from_info({"redis_version": "7.2.4", "aof_enabled": 1}, {"appendfsync": "everysec"}, False)
+    fake = _Redis72(numlocal=1)
+    assert durability.confirm(fake, p) == []
+    assert fake.calls == [("WAITAOF", 1, 0, durability.WAITAOF_TIMEOUT_MS)]
+    with pytest.raises(NotStoredError, match="did not fsync the write"):
+        durability.confirm(_Redis72(numlocal=0), p)
+
+
+def test_the_log_names_why_redis_exited(tmp_path):
+    log = tmp_path / "redis.log"
+    log.write_text(
+        "1:M 01 Dec 2026 10:00:00.000 # Short write while writing to the AOF file: (nwritten=1, expected=9)\n"
+        "1:M 01 Dec 2026 10:00:01.000 * Ready to accept connections\n"  # an earlier incident, then a restart
+        "1:M 01 Dec 2026 11:00:00.000 * Background saving started\n"
+        "1:M 01 Dec 2026 11:00:01.000 # Error writing to the AOF file: No space left on device\n"
+        "1:M 01 Dec 2026 11:00:01.000 # Can't recover from AOF write error when the AOF fsync policy is "
+        "'always'. Exiting...\n")
+    cause = durability.log_cause(log)
+    assert cause == ("'Error writing to the AOF file: No space left on device' / 'Can't recover from AOF write "
+                     "error when the AOF fsync policy is 'always'. Exiting...'")
+    assert durability.log_cause(tmp_path / "absent.log") == ""
+
+
+def test_write_bytes_is_the_resp_size():
+    assert durability.write_bytes([(("SET", "k", b"vv"), {})]) == 32 + len(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nvv\r\n")
