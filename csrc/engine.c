@@ -6,9 +6,11 @@
  *   text_encoder-<q>.gguf  UMT5, f32 or f16
  *   vae-<q>.gguf           the Wan VAE, f32 or f16
  * h3r_open maps and validates every file it finds (headers, config, tensor
- * shapes), so a bad file fails at open with a message naming it, never in the
- * middle of a night's queue. Every component is optional at open; a render
- * needs all three.
+ * shapes), so a bad file is found at open, never in the middle of a night's
+ * queue. A file that fails is set aside with its message (info "broken_files")
+ * and the others stay usable: each quant level stands alone, and a render of a
+ * level whose DiT is broken fails naming the file. Every component is optional
+ * at open; a render needs all three.
  *
  * Lifetimes, as llama2.c splits them:
  *   h3r_engine      the directory, the mapped files and loaded components
@@ -58,6 +60,16 @@ struct h3r_engine {
     int n_te;
     component vae[MAX_LEVELS];
     int n_vae;
+
+    /* files that failed to load at open, with why: info "broken_files" */
+    struct {
+        char file[256];
+        char kind[16];
+        char quant[QUANT_NAME_MAX];
+        char why[512];
+        int code;
+    } broken[3 * MAX_LEVELS];
+    int n_broken;
 
     /* pipeline values stored by the converter (h3r.pipeline.*) */
     int text_len;
@@ -208,12 +220,27 @@ H3R_API int h3r_open(const char *model_dir, int threads, h3r_engine **out) {
             }
             component *c = &list[*n];
             snprintf(c->quant, sizeof(c->quant), "%s", quant);
-            rc = load_component(e, ent->d_name, kinds[k], c);
-            if (rc == 0) (*n)++;
+            int lrc = load_component(e, ent->d_name, kinds[k], c);
+            if (lrc == 0) {
+                (*n)++;
+            } else if (lrc == H3R_ERR_NOMEM || e->n_broken >= (int)(sizeof(e->broken) / sizeof(e->broken[0]))) {
+                rc = lrc;
+            } else { /* set aside: the other files stay usable */
+                snprintf(e->broken[e->n_broken].file, sizeof(e->broken[0].file), "%s", ent->d_name);
+                snprintf(e->broken[e->n_broken].kind, sizeof(e->broken[0].kind), "%s", kinds[k]);
+                snprintf(e->broken[e->n_broken].quant, sizeof(e->broken[0].quant), "%s", quant);
+                snprintf(e->broken[e->n_broken].why, sizeof(e->broken[0].why), "%s", h3r_tls_error());
+                e->broken[e->n_broken].code = lrc;
+                e->n_broken++;
+                memset(c, 0, sizeof(*c));
+                h3r_clear_error();
+            }
         }
     }
     closedir(d);
-    if (rc == 0 && e->n_dit + e->n_te + e->n_vae == 0)
+    if (rc == 0 && e->n_dit + e->n_te + e->n_vae == 0 && e->n_broken > 0)
+        rc = h3r_seterr(e->broken[0].code, "%s", e->broken[0].why); /* nothing usable: the first reason */
+    else if (rc == 0 && e->n_dit + e->n_te + e->n_vae == 0)
         rc = h3r_seterr(H3R_ERR_IO,
                         "%s: no model files (expected transformer-<quant>.gguf, text_encoder-<quant>.gguf, "
                         "vae-<quant>.gguf; convert a checkpoint with `h3render convert`)",
@@ -273,10 +300,23 @@ static component *find_quant(component *list, int n, const char *quant) {
     return NULL;
 }
 
-/* The DiT file for a quant level, or an error listing what exists. */
+/* The broken DiT file of a quant level, or -1. */
+static int broken_dit(const h3r_engine *e, const char *quant) {
+    for (int i = 0; i < e->n_broken; i++)
+        if (strcmp(e->broken[i].kind, "transformer") == 0 && quant && strcmp(e->broken[i].quant, quant) == 0)
+            return i;
+    return -1;
+}
+
+/* The DiT file for a quant level, or an error naming its broken file or listing what exists. */
 static int pick_dit(h3r_engine *e, const char *quant, component **out) {
+    int b = broken_dit(e, quant);
+    if (b >= 0)
+        return h3r_seterr(e->broken[b].code, "quant=%s of model %s is unusable: %s", quant, e->name,
+                          e->broken[b].why);
     if (e->n_dit == 0)
-        return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s: no transformer-<quant>.gguf in the model directory", e->dir);
+        return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s: no usable transformer-<quant>.gguf in the model directory%s%s",
+                          e->dir, e->n_broken ? "; broken: " : "", e->n_broken ? e->broken[0].why : "");
     if (!quant || !*quant) {
         *out = &e->dit[0];
         return 0;
@@ -306,6 +346,9 @@ static int pick_small(h3r_engine *e, component *list, int n, const char *what, c
             *out = c;
             return 0;
         }
+        for (int i = 0; explicit_only && i < e->n_broken; i++)
+            if (strcmp(e->broken[i].kind, what) == 0 && strcmp(e->broken[i].quant, quant) == 0)
+                return h3r_seterr(e->broken[i].code, "%s", e->broken[i].why);
         if (explicit_only)
             return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s-%s.gguf is not in %s", what, quant, e->dir);
         if (strcmp(quant, "f32") != 0 && (c = find_quant(list, n, "f16")) != NULL) {
@@ -466,7 +509,19 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
         free(copy);
         first = 0;
     }
-    r |= appendf(&b, &len, &cap, "}}");
+    r |= appendf(&b, &len, &cap, "},\"broken_files\":[");
+    for (int i = 0; i < e->n_broken; i++) {
+        r |= appendf(&b, &len, &cap, "%s{\"file\":", i ? "," : "");
+        r |= append_json_str(&b, &len, &cap, e->broken[i].file);
+        r |= appendf(&b, &len, &cap, ",\"component\":");
+        r |= append_json_str(&b, &len, &cap, e->broken[i].kind);
+        r |= appendf(&b, &len, &cap, ",\"quant\":");
+        r |= append_json_str(&b, &len, &cap, e->broken[i].quant);
+        r |= appendf(&b, &len, &cap, ",\"error\":");
+        r |= append_json_str(&b, &len, &cap, e->broken[i].why);
+        r |= appendf(&b, &len, &cap, "}");
+    }
+    r |= appendf(&b, &len, &cap, "]}");
     if (r) {
         free(b);
         h3r_seterr(H3R_ERR_NOMEM, "h3r_info_json: out of memory");

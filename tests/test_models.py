@@ -202,3 +202,44 @@ def test_h3_snapshot_is_a_model_dir_of_kind_h3(home, tmp_path):
     assert table.returncode == 0, table.stderr
     row = next(line for line in table.stdout.splitlines() if "MiniMax-H3" in line)
     assert " h3 " in row and "int8-row" in row, table.stdout
+
+
+# ---------------------------------------------------------------- broken files
+
+
+@pytest.fixture
+def broken_f16(converted_models, home):
+    """tiny-wan at f32, f16 and q8_0 installed, then its f16 DiT truncated (a file that
+    broke after it was converted: a full disk, a copy cut short)."""
+    import shutil
+
+    src = converted_models("tiny-wan", ("f32", "f16", "q8_0"))
+    dst = paths.models_dir(ensure=True) / "cut"
+    shutil.copytree(src, dst)
+    f = dst / "transformer-f16.gguf"
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size - 1000)
+    return dst
+
+
+def test_a_broken_file_disables_its_own_level_only(broken_f16):
+    entry = models.describe(broken_f16)
+    assert sorted(entry.quants) == ["f16", "f32", "q8_0"]
+    assert sorted(entry.usable_quants) == ["f32", "q8_0"]
+    assert set(entry.unusable) == {"f16"}
+    assert "transformer-f16.gguf" in entry.unusable["f16"] and "past end of file" in entry.unusable["f16"]
+    with pytest.raises(ModelFileError, match=r"quant=f16 of model 'cut' is unusable: .*transformer-f16\.gguf"):
+        models.check_level(broken_f16, "f16")
+    models.check_level(broken_f16, "q8_0")  # the other levels still render
+    models.check_level(broken_f16, "f32")
+
+
+def test_models_lists_usable_levels_and_why_the_others_are_not(broken_f16):
+    out = subprocess.run([*H3RENDER, "models"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "H3RENDER_HOME": str(broken_f16.parents[1])})
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.strip().startswith("cut "))
+    assert "f32, q8_0" in row and "1 level(s) unusable" in row
+    assert str(broken_f16) in row  # stdout is a pipe: the row stays one line, never wrapped at 80 columns
+    assert any(line.startswith("unusable: cut f16: ") and "transformer-f16.gguf" in line
+               and "[offset" in line for line in out.stdout.splitlines())

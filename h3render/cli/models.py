@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
-from rich.table import Table
+from h3render.cli.console import console as make_console
+from h3render.cli.console import table as make_table
 
 
 def _size(n: int) -> str:
@@ -34,19 +34,25 @@ def models(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
         return
-    console = Console()
+    console = make_console()
     if not entries:
         console.print(f"no models in {paths.models_dir()}; convert one with `h3render convert SRC DST`")
         return
-    table = Table("name", "kind", "status", "quant levels", "tokenizer", "size", "path",
+    table = make_table("name", "kind", "status", "usable quant levels", "tokenizer", "size", "path",
                   title=str(paths.models_dir()))
+    problems = []
     for e in entries:
         status = "installed" if e.installed else "built-in, converted on first use"
+        if e.unusable:
+            status += f", {len(e.unusable)} level(s) unusable"
+            problems += [f"{e.name} {q}: {why}" for q, why in sorted(e.unusable.items())]
         table.add_row(
-            e.name, e.kind, status, ", ".join(e.quants) or "-", "yes" if e.has_tokenizer else "no",
+            e.name, e.kind, status, ", ".join(e.usable_quants) or "-", "yes" if e.has_tokenizer else "no",
             _size(e.size_bytes) if e.installed else "-", str(e.path),
         )  # fmt: skip
     console.print(table)
+    for line in problems:  # each level stands alone: say which files keep the others out
+        console.print(f"unusable: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _register_subcommands() -> None:

@@ -62,6 +62,13 @@ class ModelEntry(BaseModel):
     has_tokenizer: bool = False
     size_bytes: int = 0
     source: str | None = None
+    # quant level -> why it cannot render (a file the engine could not load): every other
+    # level stands alone and stays usable (csrc/engine.c sets broken files aside)
+    unusable: dict[str, str] = {}
+
+    @property
+    def usable_quants(self) -> list[str]:
+        return [q for q in self.quants if q not in self.unusable]
 
 
 def validate_name(name: str) -> str:
@@ -90,6 +97,7 @@ def describe(path: Path, name: str | None = None) -> ModelEntry:
             components.setdefault(m["component"], []).append(m["quant"])
     meta = _read_meta(path)
     name = name or str(meta.get("name") or path.name)
+    unusable = level_problems(path, components.get("transformer", [])) if components.get("transformer") else {}
     return ModelEntry(
         name=name,
         path=path,
@@ -100,7 +108,43 @@ def describe(path: Path, name: str | None = None) -> ModelEntry:
         has_tokenizer=(path / "tokenizer.json").is_file(),
         size_bytes=size,
         source=meta.get("source"),
+        unusable=unusable,
     )
+
+
+def level_problems(path: Path, quants: list[str]) -> dict[str, str]:
+    """quant level -> why it cannot render, as the engine sees the files now.
+
+    The engine opens every file (headers, tensor table, sizes against the file) and sets
+    a broken one aside with its message; a level is unusable when its DiT file is broken
+    or when no text encoder or VAE file loads at all."""
+    from h3render.engine.binding import Engine
+    from h3render.engine.exceptions import EngineError
+
+    try:
+        with Engine(path, threads=1) as eng:
+            info = eng.info()
+    except EngineError as e:
+        return {q: e.message for q in quants}
+    broken = {(b["component"], b["quant"]): b["error"] for b in info.get("broken_files", [])}
+    out = {}
+    for q in quants:
+        if ("transformer", q) in broken:
+            out[q] = broken[("transformer", q)]
+        elif not info["components"]["text_encoder"] or not info["components"]["vae"]:
+            missing = [c for c in ("text_encoder", "vae") if not info["components"][c]]
+            why = "; ".join(v for (c, _), v in broken.items() if c in missing)
+            out[q] = f"no usable {' or '.join(missing)} file" + (f": {why}" if why else "")
+    return out
+
+
+def check_level(path: Path, quant: str) -> None:
+    """Raise ModelFileError naming the file when `quant` of the model at `path` cannot render
+    (the worker calls this before it admits a job: a file that broke after conversion
+    fails the job at once, without a retry)."""
+    problem = level_problems(Path(path), [quant]).get(quant)
+    if problem:
+        raise ModelFileError(f"quant={quant} of model {Path(path).name!r} is unusable: {problem}")
 
 
 def _describe_h3(path: Path, name: str | None) -> ModelEntry:
