@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: all install test demo lib fixtures bench faults clean
+.PHONY: all install test test-fast demo lib fixtures bench faults clean
 
 all: install
 
@@ -24,6 +24,11 @@ install: $(STAMP)
 # the source tree never shadows the installed one).
 test: install
 	cd tests && ../$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# The suite without its slow tests (end-to-end workers, browsers), on another Python:
+#   make test-fast PYTHON=python3.10 VENV=.venv-py310
+test-fast: install
+	cd tests && ../$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
 
 demo: install
 	$(VENV)/bin/h3render demo
