@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DAY_S = 24 * 3600
+ENV_PREFIX = "H3RENDER_"
 
 
 def default_home() -> Path:
@@ -24,11 +25,13 @@ def default_home() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="H3RENDER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", populate_by_name=True)
 
     # ---- Redis and queue ----
+    # H3RENDER_REDIS_URL, else the conventional REDIS_URL (as rq and most hosts set it).
     redis_url: str | None = Field(
-        None, description="redis://host:port/db of a Redis to use; None starts the embedded server"
+        None, description="redis://host:port/db of a Redis to use; None starts the embedded server",
+        validation_alias=AliasChoices("h3render_redis_url", "redis_url"),
     )
     home: Path = Field(default_factory=default_home, description="root of models/, renders/, redis/")
     redis_port: int = Field(6391, ge=1, le=65535, description="port of the embedded redis-server")
@@ -115,6 +118,45 @@ class Settings(BaseSettings):
         return Path(self.home) / "models"
 
 
+class SettingsError(ValueError):
+    """Settings from the environment that do not validate; the message has a line per variable."""
+
+
+def _allowed(field) -> str:
+    """What a field accepts, in words, from its type and its ge/gt/le/lt constraints."""
+    ann = field.annotation
+    kind = {int: "a whole number", float: "a number", bool: "true or false", str: "text",
+            Path: "a path"}.get(ann, "a JSON list of whole numbers" if "list" in str(ann) else str(ann))
+    bounds = []
+    for m in field.metadata:
+        for attr, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                bounds.append(f"{word} {v}")
+    return kind + (" " + " and ".join(bounds) if bounds else "")
+
+
+def describe_settings_error(err: ValidationError) -> str:
+    """One line per bad variable: its name, its value, the rule, what is allowed and the default."""
+    lines = []
+    for e in err.errors():
+        name = str(e["loc"][0]) if e.get("loc") else "?"
+        field = Settings.model_fields.get(name)
+        value = repr(e.get("input"))
+        value = value if len(value) <= 60 else value[:57] + "..."
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        line = f"{ENV_PREFIX}{name.upper()}={value}: {msg}"
+        if field is not None:
+            default = field.get_default(call_default_factory=True)
+            line += f"; allowed: {_allowed(field)}; default {default!r}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def load_settings(**overrides) -> Settings:
-    """Settings from the environment, with keyword overrides (tests, CLI flags)."""
-    return Settings(**overrides)
+    """Settings from the environment, with keyword overrides (tests, CLI flags); a bad
+    variable raises SettingsError naming it (describe_settings_error)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        raise SettingsError(describe_settings_error(e)) from None

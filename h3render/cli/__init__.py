@@ -58,4 +58,20 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli()
+    """The console script: bad H3RENDER_* settings end in one line per variable and exit 2."""
+    import sys
+
+    from pydantic import ValidationError
+
+    from h3render.settings import SettingsError, describe_settings_error
+
+    try:
+        cli()
+    except SettingsError as e:
+        click.echo(f"error: bad settings:\n{e}", err=True)
+        sys.exit(2)
+    except ValidationError as e:  # a command built Settings() from the environment
+        if e.title != "Settings":
+            raise
+        click.echo(f"error: bad settings:\n{describe_settings_error(e)}", err=True)
+        sys.exit(2)
