@@ -37,7 +37,10 @@ def test_demo_runs_the_overnight_story(tmp_path):
         assert "8 jobs over 4 prompts x 2 seeds" in proc.stdout
         assert "8/8 done (8 finished)" in proc.stdout
 
-        # The embedded server runs with AOF under $H3RENDER_HOME/redis and outlives the demo.
+        # The embedded server runs with AOF under $H3RENDER_HOME/redis and outlives the demo,
+        # which says so and how to stop it.
+        left = next(line for line in proc.stdout.splitlines() if line.startswith("left running: "))
+        assert "embedded redis-server (pid " in left and "`h3render redis stop`" in left
         status = run("redis", "status", env=env)
         assert status.returncode == 0, status.stderr
         assert (home / "redis" / "redis.conf").read_text().count("appendonly yes") == 1

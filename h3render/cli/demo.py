@@ -35,8 +35,7 @@ WORKER_LOCKED = 2
 @click.command()
 def demo() -> None:
     """Queue an 8-job sweep with the built-in model, render it, show the results."""
-    from rich.console import Console
-
+    from h3render.cli.console import console as make_console
     from h3render.cli.jobs import render_status, wait_for
     from h3render.engine.models import DEFAULT_MODEL
     from h3render.queue import status as st
@@ -45,7 +44,7 @@ def demo() -> None:
     from h3render.queue.errors import QueueError
     from h3render.settings import Settings
 
-    console = Console()
+    console = make_console()
     settings = Settings()
     try:
         r = get_redis(settings)
@@ -97,7 +96,24 @@ def demo() -> None:
     if code:
         console.print(f"[yellow]{len(result.job_ids) - len(videos)} jobs did not finish; "
                       f"`h3render status {result.sweep_id}` says why, `h3render worker` runs what is left[/]")
+    say_what_is_left_running(console, settings)
     sys.exit(code)
+
+
+def say_what_is_left_running(console, settings) -> None:
+    """The embedded redis-server outlives the demo on purpose (the next command reuses the
+    queue and its results): say so, with how to stop it."""
+    if settings.redis_url:
+        return
+    from h3render.queue.redis_server import embedded
+
+    server = embedded(settings)
+    pid = server.read_pid()
+    if pid is None:
+        return
+    console.print(f"left running: the embedded redis-server (pid {pid}, 127.0.0.1:{server.port}, data in "
+                  f"{server.dir}), which keeps the queue and its results for the next command; "
+                  "stop it with `h3render redis stop`", markup=False, highlight=False, soft_wrap=True)
 
 
 def check_prompts(console, videos: list) -> None:
