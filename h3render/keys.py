@@ -10,6 +10,9 @@ RENDER_FUNC = "h3render.worker.render.render_job"
 
 # -- jobs
 CANCEL_KEY = "h3render:cancel:{id}"  # set by cancel, polled by the render task (kept a day)
+# capped list (JSON: time, queue, id, reason, worker) of queue entries no job can be made of:
+# an id rq cannot use, a record that is missing or not a hash (h3render.worker.intake)
+REJECTED_KEY = "h3render:rejected"
 
 # -- sweeps
 SWEEP_KEY = "h3render:sweep:{id}"  # hash: axes, fixed, created_at, jobs, estimate_s
@@ -22,6 +25,7 @@ SWEEPS_KEY = "h3render:sweeps"  # set of sweep ids
 HEALTH_KEY = "h3render:health:{host}"  # the gate's latest decision (JSON)
 HEALTH_HISTORY_KEY = "h3render:health:{host}:history"  # capped list of decisions
 LOCK_KEY = "h3render:worker-lock:{host}"  # {name, pid, since}: one worker per host
+WRITE_PROBE_KEY = "h3render:write-probe:{host}"  # the worker's "does Redis accept writes?" probe
 MACHINE_KEY = "h3render:machine:{host}"  # JSON: host, worker, total_bytes, usable_bytes, time
 MACHINES_KEY = "h3render:machines"  # set of hosts that ever published a MACHINE_KEY
 ENGINE_KEY = "h3render:engine:{model}"  # Engine.info() of a model, published by workers

@@ -19,27 +19,63 @@ import click
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def worker(burst: bool, max_jobs: int | None, force: bool, name: str | None,
            log_level: str) -> None:
-    """Render queued jobs, one at a time, when the machine is fit for it."""
+    """Render queued jobs, one at a time, when the machine is fit for it.
+
+    Exit status: 0 when it stopped on request (or, with --burst/--max-jobs, when done);
+    1 when Redis cannot be used (it refuses this worker's credentials, or does not answer
+    at start); 2 when another live worker holds this host's lock. Nothing a job does ends
+    the worker; a lost Redis is waited for."""
+    import redis
+
     from h3render.queue.connection import get_redis
     from h3render.queue.errors import RedisUnavailableError
     from h3render.settings import Settings
+    from h3render.worker.outage import FatalWorkerError, one_line
     from h3render.worker.worker import H3Worker, WorkerLockedError
 
     settings = Settings()
+    secrets = _passwords(settings.redis_url)
+
+    def fail(code: int, msg: object) -> None:
+        text = one_line(msg)
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        click.echo(f"error: {text}", err=True)
+        sys.exit(code)
+
     try:
         r = get_redis(settings)
     except RedisUnavailableError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        cause = e.__cause__
+        if isinstance(cause, (redis.AuthenticationError, redis.AuthorizationError)):
+            fail(1, f"Redis refuses this worker's credentials ({cause}); check the password in "
+                    "H3RENDER_REDIS_URL")
+        fail(1, e)
     from rq.logutils import setup_loghandlers
 
     setup_loghandlers(log_level, name="h3render")  # h3render's own log lines beside rq's, same format
-    w = H3Worker.create(r, settings, force=force, name=name)
     try:
+        w = H3Worker.create(r, settings, force=force, name=name)
         w.run(burst=burst, max_jobs=max_jobs, logging_level=log_level)
     except WorkerLockedError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        fail(2, e)
+    except FatalWorkerError as e:
+        fail(e.exit_code, e)
+    except redis.RedisError as e:  # at start, before the worker's own loop waits out outages
+        fail(1, f"Redis: {e}")
+
+
+def _passwords(url: str | None) -> list[str]:
+    """The password in a redis:// URL, as written and decoded, so no message prints it."""
+    if not url:
+        return []
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        pw = urlsplit(url).password
+    except ValueError:
+        return []
+    return sorted({pw, unquote(pw)}, key=len, reverse=True) if pw else []
 
 
 @click.command()

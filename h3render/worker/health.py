@@ -100,6 +100,7 @@ class Check(str, Enum):
     memory = "memory"
     thermal = "thermal"
     power = "power"
+    redis = "redis"  # the worker's Redis refuses writes or is gone (h3render.worker.outage)
     disk = "disk"
 
 
