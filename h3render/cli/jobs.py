@@ -156,23 +156,32 @@ def job_options(fn):
 
 
 @click.command()
-@click.option("--prompt", required=True, help="what to render")
+@click.option("--prompt", default=None, help="what to render (required unless --file has it)")
 @job_options
 @click.option("--priority", default=None, help="normal or high (high goes to the front of the queue)")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="engine-specific option")
+@click.option("--file", "json_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="a JSON object of job fields ('-': stdin); flags given as well override its fields")
 @click.option("--wait", is_flag=True, help="show a live progress bar until the job ends")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @handle_errors
-def enqueue(prompt: str, options: tuple[str, ...], wait: bool, as_json: bool, **fields: str | None) -> None:
+def enqueue(prompt: str | None, options: tuple[str, ...], json_file: str | None, wait: bool, as_json: bool,
+            **fields: str | None) -> None:
     """Queue one render and print its job id."""
     from h3render.queue.enqueue import enqueue as do_enqueue
+    from h3render.queue.job import RenderJob
 
-    payload: dict[str, Any] = {"prompt": prompt}
+    payload: dict[str, Any] = {}
+    if json_file is not None:
+        loaded = read_job_file(json_file)
+        if not isinstance(loaded, dict):
+            RenderJob.parse(loaded)  # refuses a list, a text, null ... as field "job"
+        payload.update(loaded)
+    if prompt is not None:
+        payload["prompt"] = prompt
     payload.update({k: lenient(k, v) for k, v in fields.items() if v is not None})
     if options:
         payload["engine_options"] = parse_options(options)
-    from h3render.queue.job import RenderJob
-
     RenderJob.parse(payload)  # static rules before touching Redis
     settings = _settings()
     r = _redis(settings)
@@ -188,6 +197,20 @@ def enqueue(prompt: str, options: tuple[str, ...], wait: bool, as_json: bool, **
             click.echo(f"warning: {w}", err=True)
     if wait:
         sys.exit(wait_for(r, [job_id], quiet=as_json))
+
+
+def read_job_file(path: str) -> Any:
+    """The JSON value in `path` ('-': stdin); JobValidationError on field "job" if it is not JSON."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise QueueInputError(f"--file {path!r}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise JobValidationError([Problem("job", text if len(text) <= 80 else text[:77] + "...",
+                                          f"--file must hold a JSON object of job fields: {e}",
+                                          {"prompt": "..."})]) from None
 
 
 def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5,

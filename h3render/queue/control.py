@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 from h3render.queue.enqueue import queue
 from h3render.queue.job import JobPhase
 from h3render.queue.status import fetch_job, sweep_job_ids
+from h3render.queue.validation import check_id
 from h3render.settings import Settings
 from h3render.keys import CANCEL_KEY
 
@@ -53,6 +54,7 @@ def _set_state(job: Job, state: JobPhase, **extra) -> None:
 
 def cancel(r: redis.Redis, job_id: str, outcome: Outcome | None = None) -> Outcome:
     """Ask a job to stop; cancel it in rq at once if no worker has started it."""
+    check_id("job_id", job_id)
     outcome = outcome or Outcome()
     job = fetch_job(r, job_id)
     status = job.get_status()
@@ -71,6 +73,7 @@ def cancel(r: redis.Redis, job_id: str, outcome: Outcome | None = None) -> Outco
 
 
 def cancel_sweep(r: redis.Redis, sweep_id: str) -> Outcome:
+    check_id("sweep_id", sweep_id)
     outcome = Outcome()
     for job_id in sweep_job_ids(r, sweep_id):
         try:
@@ -83,6 +86,7 @@ def cancel_sweep(r: redis.Redis, sweep_id: str) -> Outcome:
 def retry(r: redis.Redis, job_id: str, settings: Settings, failed_only: bool = False,
           outcome: Outcome | None = None) -> Outcome:
     """Requeue a failed (or canceled) job with a fresh retry budget and no cancel request."""
+    check_id("job_id", job_id)
     outcome = outcome or Outcome()
     job = fetch_job(r, job_id)
     status = job.get_status()
@@ -116,6 +120,7 @@ def retry(r: redis.Redis, job_id: str, settings: Settings, failed_only: bool = F
 
 
 def retry_sweep(r: redis.Redis, sweep_id: str, settings: Settings, failed_only: bool = False) -> Outcome:
+    check_id("sweep_id", sweep_id)
     outcome = Outcome()
     for job_id in sweep_job_ids(r, sweep_id):
         try:

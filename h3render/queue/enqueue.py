@@ -120,7 +120,8 @@ def _plan(r: redis.Redis, payloads: Sequence[Mapping[str, Any]], settings: Setti
     full: list[Planned] = []
     for payload in payloads:
         try:
-            job = RenderJob.parse(dict(payload))
+            # a Mapping becomes a dict; anything else goes to parse as it is, which refuses it
+            job = RenderJob.parse(dict(payload) if isinstance(payload, Mapping) else payload)
             info = engine_info(r, job.model, infos)
             job, warnings = resolve_with_warnings(job, info, rng)
         except JobValidationError as e:
@@ -240,8 +241,32 @@ def enqueue_sweep(
     rng: random.Random | None = None,
 ) -> EnqueueResult:
     """Expand the grid, validate every job, and enqueue the sweep in one pipeline."""
+    check_grid(fixed, axes)
     planned = plan(r, expand(fixed, axes), settings, preview=preview, rng=rng)
     return enqueue_sweep_planned(r, planned, fixed, axes, settings, preview)
+
+
+def check_grid(fixed: Any, axes: Any) -> None:
+    """Refuse fixed fields that are not an object, and axes that are not lists of values, the way a
+    bad job field is refused (an API caller, a ComfyUI node or a TOML file may pass anything)."""
+    problems = []
+    if not isinstance(fixed, Mapping):
+        problems.append(Problem("job", _short(fixed), "the fixed fields of a sweep must be a JSON object of "
+                                "job fields", {"prompt": "..."}))
+    if not isinstance(axes, Mapping):
+        problems.append(Problem("axes", _short(axes), "must be an object {field: [values, ...]}", {"seed": [1, 2]}))
+    else:
+        for name, values in axes.items():
+            if not isinstance(values, (list, tuple)) or not values:
+                problems.append(Problem(str(name), _short(values), "a sweep axis must be a non-empty list of values",
+                                        [values] if not isinstance(values, (list, tuple)) else None))
+    if problems:
+        raise JobValidationError(problems)
+
+
+def _short(v: Any) -> Any:
+    text = repr(v)
+    return v if len(text) <= 80 else text[:77] + "..."
 
 
 def enqueue_sweep_planned(r: redis.Redis, planned: Sequence[Planned], fixed: Mapping[str, Any],

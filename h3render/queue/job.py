@@ -108,8 +108,17 @@ class RenderJob(BaseModel):
     @field_validator("prompt")
     @classmethod
     def _prompt_has_text(cls, v: str) -> str:
+        if "\x00" in v:  # C strings end there: the engine would see only the text before it
+            raise ValueError("prompt contains a NUL character")
         if not v.strip():
             raise ValueError("prompt is only whitespace")
+        return v
+
+    @field_validator("negative_prompt")
+    @classmethod
+    def _negative_prompt_no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("negative_prompt contains a NUL character")
         return v
 
     @field_validator("model")
@@ -127,8 +136,13 @@ class RenderJob(BaseModel):
 
         if not isinstance(payload, dict):
             raise JobValidationError(
-                [Problem("job", _short(payload), "a JSON object of job fields", {"prompt": "..."})]
+                [Problem("job", _short(payload), "must be a JSON object of job fields "
+                         f"({', '.join(cls.model_fields)}), not {_kind(payload)}", {"prompt": "..."})]
             )
+        names = [k for k in payload if not isinstance(k, str)]
+        if names:  # only a Python caller can do this (JSON names are text); pydantic's words would leak
+            raise JobValidationError([Problem("job", _short(k), "field names must be text: one of "
+                                              + ", ".join(cls.model_fields), str(k)) for k in names])
         try:
             return cls.model_validate(payload)
         except ValidationError as e:
@@ -153,6 +167,13 @@ class RenderJob(BaseModel):
             f"{self.model}/{self.quant} {self.width}x{self.height}x{self.frames} "
             f"steps={self.steps} cfg={self.guidance} seed={self.seed} {p!r}"
         )
+
+
+def _kind(v: object) -> str:
+    """How a JSON reader would name the type of v."""
+    names = {list: "a list", tuple: "a list", str: "a text", bool: "a boolean", int: "a number", float: "a number",
+             type(None): "null", bytes: "bytes"}
+    return names.get(type(v), f"a {type(v).__name__}")
 
 
 def _short(v: object) -> object:

@@ -86,8 +86,8 @@ def _as_number(value: Any) -> float | None:
 
 
 def _fix_prompt(value: Any) -> Any:
-    if isinstance(value, str) and value.strip():
-        return value[:MAX_PROMPT_CHARS]
+    if isinstance(value, str) and value.replace("\x00", "").strip():
+        return value.replace("\x00", "")[:MAX_PROMPT_CHARS]
     return None  # a missing or blank prompt has no nearest valid text
 
 
@@ -107,10 +107,11 @@ def _fix_seed(value: Any) -> Any:
 
 
 SPECS: dict[str, Spec] = {
-    "prompt": Spec(f"is required: a text with at least one non-space character, at most {MAX_PROMPT_CHARS} characters",
-                   fix=_fix_prompt),
-    "negative_prompt": Spec(f"must be a text of at most {MAX_PROMPT_CHARS} characters, or null for the model's default",
-                            fix=lambda v: str(v)[:MAX_PROMPT_CHARS] if isinstance(v, str) else ""),
+    "prompt": Spec(f"is required: a text with at least one non-space character, at most {MAX_PROMPT_CHARS} "
+                   "characters, no NUL", fix=_fix_prompt),
+    "negative_prompt": Spec(f"must be a text of at most {MAX_PROMPT_CHARS} characters without NUL, or null for the "
+                            "model's default",
+                            fix=lambda v: v.replace("\x00", "")[:MAX_PROMPT_CHARS] if isinstance(v, str) else ""),
     "seed": Spec(f"must be an integer in [0, {SEED_MAX}] or \"random\"", fix=_fix_seed),
     "width": Spec(f"must be an integer in [1, {MAX_SIDE}] (pixels)", 1, MAX_SIDE, True, default=832),
     "height": Spec(f"must be an integer in [1, {MAX_SIDE}] (pixels)", 1, MAX_SIDE, True, default=480),
@@ -164,7 +165,8 @@ def problems_from_pydantic(err: ValidationError, payload: Mapping[str, Any]) -> 
         if name == "engine_options" and len(loc) >= 2 and isinstance(payload.get(name), dict):
             key = loc[1]
             is_key = len(loc) >= 3 and loc[2] == "[key]"
-            field = f"engine_options.{key}" + (" (name)" if is_key else "")
+            shown = key if isinstance(key, str) and key.isprintable() else repr(key)  # a NUL stays visible
+            field = f"engine_options.{shown}" + (" (name)" if is_key else "")
             value = key if is_key else payload[name].get(key)
             rule, fix = (OPTION_KEY_RULE, _fix_option_key) if is_key else (OPTION_VALUE_RULE, _fix_option_value)
             problems.setdefault(field, Problem(field, _short(value), rule, fix(value)))
@@ -315,3 +317,22 @@ def _limit_problem(e: LimitError) -> Problem:
     rule = msg[len(prefix):].split("; nearest valid")[0] if msg.startswith(prefix) else f"must be {e.rule}"
     nearest = e.nearest[0] if len(e.nearest) == 1 else " or ".join(str(v) for v in e.nearest) or None
     return Problem(e.field, e.value, rule, nearest)
+
+
+# ---- ids --------------------------------------------------------------------------------------
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+ID_RULE = ("must be an id as enqueue prints it (j-... for a job, s-... for a sweep): 1-128 letters, digits, "
+           "'.', '_', ':' or '-', no NUL or other control characters")
+
+
+def check_id(field: str, value: Any) -> str:
+    """`value` if it is a well-formed job or sweep id; else JobValidationError naming `field`.
+
+    Ids become Redis keys and folder names: a NUL or a '/' in one is refused here, once,
+    not retried wherever it would fail later."""
+    if isinstance(value, str) and ID_PATTERN.fullmatch(value):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    nearest = re.sub(r"[^A-Za-z0-9._:-]", "", text).lstrip("._:-")[:128] or None
+    raise JobValidationError([Problem(field, _short(value), ID_RULE, nearest)])

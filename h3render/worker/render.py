@@ -204,6 +204,7 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
     from h3render.engine import models
     from h3render.engine.exceptions import EngineError
     from h3render.queue.errors import JobValidationError
+    from h3render.queue.validation import check_id
 
     t0 = time.time()
     timings: dict[str, float] = {}
@@ -223,6 +224,11 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
         job = RenderJob.parse(payload)
     except JobValidationError as e:
         raise PermanentJobError(f"invalid job: {e}") from None
+    try:  # the sweep id becomes a folder name: a NUL or a '/' in it is refused once, not retried
+        if meta.data.get("sweep_id") is not None:
+            check_id("sweep_id", meta.data["sweep_id"])
+    except JobValidationError as e:
+        raise PermanentJobError(f"invalid job record: {e}") from None
     if not job.resolved:
         missing = [k for k in ("seed", "negative_prompt", "width", "height", "frames", "steps",
                                "guidance", "shift", "sampler", "quant", "fps")
