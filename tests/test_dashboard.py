@@ -15,7 +15,6 @@ from rq.serializers import JSONSerializer
 from h3render.dashboards.grid import LayoutError, axis_values, build_grid, choose_layout
 from h3render.dashboards.plots import Band, Chart, Series, line_chart, nice_ticks
 from h3render.dashboards.security import (
-    CSRF_COOKIE,
     Auth,
     Csrf,
     DashboardSecurityError,
@@ -114,18 +113,21 @@ def test_bad_credentials_settings_are_named(token, basic, msg):
         Auth.parse(token, basic)
 
 
-def test_csrf_tokens_must_match_be_signed_and_same_origin():
+def test_csrf_tokens_are_per_action_and_bound_to_the_cookie_nonce():
     c = Csrf("secret")
-    tok = c.new_token()
-    assert c.check(tok, tok, None, "http://127.0.0.1:9181/") is None
-    assert c.check(tok, tok, "http://127.0.0.1:9181", "http://127.0.0.1:9181/") is None
-    assert "Origin 'http://evil.example'" in c.check(tok, tok, "http://evil.example", "http://127.0.0.1:9181/")
-    assert "no CSRF token" in c.check(tok, None, None, "http://h/")
-    assert "no CSRF cookie" in c.check(None, tok, None, "http://h/")
-    assert "does not match" in c.check(tok, c.new_token(), None, "http://h/")
-    forged = "abc.def"
-    assert "not issued by this dashboard" in c.check(forged, forged, None, "http://h/")
-    assert Csrf("other").check(tok, tok, None, "http://h/") is not None
+    nonce = c.new_nonce()
+    tok = c.token(nonce, "/jobs/j-1/retry")
+    here = "http://127.0.0.1:9181/"
+    assert c.check(nonce, tok, "/jobs/j-1/retry", host_url=here) is None
+    assert c.check(nonce, tok, "/jobs/j-1/retry", origin="http://127.0.0.1:9181", host_url=here) is None
+    assert "Origin 'http://evil.example'" in c.check(nonce, tok, "/jobs/j-1/retry", origin="http://evil.example",
+                                                     host_url=here)
+    assert "no CSRF token" in c.check(nonce, None, "/jobs/j-1/retry", host_url=here)
+    assert "no CSRF cookie" in c.check(None, tok, "/jobs/j-1/retry", host_url=here)
+    assert "not this browser's token for POST /jobs/j-1/cancel" in c.check(nonce, tok, "/jobs/j-1/cancel",
+                                                                          host_url=here)
+    assert c.check(c.new_nonce(), tok, "/jobs/j-1/retry", host_url=here) is not None  # another browser
+    assert Csrf("other").check(nonce, tok, "/jobs/j-1/retry", host_url=here) is not None
 
 
 # ---------------------------------------------------------------- the app on a real Redis
@@ -193,15 +195,23 @@ def test_media_serves_only_the_job_files(client, queued):
     assert client.get(f"/media/{jid}/..%2F..%2Fredis%2Fredis.conf").status_code == 404
 
 
+def form_token(client, page: str, action: str) -> str:
+    """The CSRF token of the form on `page` that posts to `action` (as a browser would find it)."""
+    body = client.get(page).get_data(as_text=True)
+    m = re.search(r'<form[^>]*action="' + re.escape(action) + r'"[^>]*>\s*<input type="hidden" '
+                  r'name="csrf_token" value="([^"]+)"', body)
+    assert m, f"no form posting to {action} on {page}"
+    return m.group(1)
+
+
 def test_post_without_a_valid_csrf_token_is_refused(client, queued, redis_conn):
     res, single = queued
     r = client.post(f"/jobs/{single}/cancel", data={"next": "/"})
     assert r.status_code == 403 and "CSRF" in r.get_data(as_text=True)
-    client.get("/")  # sets the cookie
-    tok = client.get_cookie(CSRF_COOKIE).value
+    tok = form_token(client, f"/jobs/{single}", f"/jobs/{single}/cancel")  # also sets the cookie
     for data, headers, why in [
         ({"next": "/"}, {}, "no CSRF token"),
-        ({"csrf_token": "x" + tok, "next": "/"}, {}, "does not match"),
+        ({"csrf_token": "x" + tok, "next": "/"}, {}, "token for POST /jobs/"),
         ({"csrf_token": tok}, {"Origin": "http://evil.example"}, "is not this dashboard"),
     ]:
         r = client.post(f"/jobs/{single}/cancel", data=data, headers=headers)
@@ -212,6 +222,7 @@ def test_post_without_a_valid_csrf_token_is_refused(client, queued, redis_conn):
     assert r.status_code == 303 and r.headers["Location"] == f"/jobs/{single}"
     assert status(redis_conn, single) == JobStatus.CANCELED
     # an off-site "next" is ignored
+    tok = form_token(client, f"/jobs/{single}", f"/jobs/{single}/retry")
     r = client.post(f"/jobs/{single}/retry", data={"csrf_token": tok, "next": "//evil.example/x"})
     assert r.status_code == 303 and r.headers["Location"] == f"/jobs/{single}"
     assert status(redis_conn, single) == JobStatus.QUEUED
@@ -224,13 +235,14 @@ def test_rq_dashboard_is_mounted_with_the_json_serializer_and_csrf(client, queue
     assert {q["name"]: q["count"] for q in queues}["h3render"] == 5
     job = client.get(f"/rq/0/data/job/{single}.json").get_json()  # read with the JSON serializer
     assert job["id"] == single and job["status"] == "queued" and job["origin"] == "h3render"
-    # rq-dashboard's job view inserts these fields as raw HTML: the app escapes them
-    assert "&lt;script&gt;alert(&#34;x&#34;)" in job["description"] and "<script" not in str(job)
-    assert '"sweep_id"' not in job["metadata"] and "&#34;sweep_id&#34;" in job["metadata"]
+    # raw data: rq-dashboard's pages (ours, templates/rq_dashboard) put it in as text
+    assert '<script>alert("x")' in job["description"] and '"h3r"' in job["metadata"]
     assert client.post(f"/rq/job/{single}/delete").status_code == 403  # no token: refused
     assert Job.exists(single, connection=redis_conn)
-    tok = client.get_cookie(CSRF_COOKIE).value
-    assert client.post(f"/rq/job/{single}/delete", headers={"X-CSRFToken": tok}).status_code == 200
+    listed = client.get("/rq/0/data/jobs/h3render/queued/8/asc/1.json").get_json()["jobs"]
+    delete = next(j for j in listed if j["id"] == single)["actions"]["delete"]
+    assert delete["url"] == f"/rq/job/{single}/delete"
+    assert client.post(delete["url"], headers={"X-CSRFToken": delete["token"]}).status_code == 200
     assert not Job.exists(single, connection=redis_conn)
 
 

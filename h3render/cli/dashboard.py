@@ -1,4 +1,8 @@
-"""`h3render dashboard`: serve the sweep gallery, job and worker pages, and rq-dashboard under /rq."""
+"""`h3render dashboard`: serve the sweep gallery, job and worker pages, and rq-dashboard under /rq.
+
+Served by waitress when it is installed (h3render depends on it), else by werkzeug's
+development server with a warning; on 127.0.0.1 unless --host says otherwise.
+"""
 
 from __future__ import annotations
 
@@ -42,23 +46,26 @@ def dashboard(host: str, port: int, token: str | None, basic: str | None) -> Non
         sys.exit(1)
     app = create_app(settings, redis_conn=r, auth=auth, host=host)
 
-    from werkzeug.serving import make_server
+    from h3render.dashboards.server import FALLBACK_WARNING, make_server
 
     try:
-        server = make_server(host, port, app, threaded=True)
+        server = make_server(app, host, port)
     except OSError as e:
         click.echo(f"error: cannot listen on {host}:{port}: {e.strerror or e}", err=True)
         sys.exit(1)
-    shown = f"[{host}]" if ":" in host else host
+    if server.kind != "waitress":
+        click.echo(f"warning: {FALLBACK_WARNING}", err=True)
+    h = host.strip("[]")
+    shown = f"[{h}]" if ":" in h else h
     how = " (token required)" if auth.token else " (basic auth)" if auth.basic_user else ""
-    click.echo(f"h3render dashboard on http://{shown}:{server.server_port}/{how}; rq-dashboard at /rq; "
-               "Ctrl-C stops", err=True)
+    click.echo(f"h3render dashboard on http://{shown}:{server.port}/{how} ({server.kind}); rq-dashboard "
+               "at /rq; Ctrl-C stops", err=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.close()
 
 
 if __name__ == "__main__":  # python -m h3render.cli.dashboard (tests, before the command is registered)

@@ -3,24 +3,23 @@
     app = create_app(settings, redis_conn=r, redis_url=url, auth=Auth(token="..."))
 
 One Redis connection is passed in (a thread-safe pool) and used by every page.
-rq-dashboard makes its own connection from RQ_DASHBOARD_REDIS_URL, which must be
-in the config before `setup_rq_connection`; it reads jobs with rq's
-JSONSerializer, the only serializer h3render uses.
+rq-dashboard makes its own connection from RQ_DASHBOARD_REDIS_URL; rqdash.py mounts
+it, reading jobs with rq's JSONSerializer only (the only serializer h3render uses).
+
+Every response, /rq's included, carries the same Content-Security-Policy: scripts
+only from our static files, no inline script, no eval. Under /rq it also requires
+Trusted Types, so even a DOM sink that rqdash.js might misuse (innerHTML) throws.
+Templates get `csrf_token(action_url)`: the token for a POST to that URL only.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
 from flask import Flask, Response, g, redirect, render_template, request
-from markupsafe import escape
-from rq.serializers import JSONSerializer
 
 from h3render.dashboards.security import (
     CSRF_COOKIE,
@@ -36,10 +35,12 @@ from h3render.settings import Settings
 HERE = Path(__file__).parent
 RQ_PREFIX = "/rq"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-# Our own pages: scripts and media from this origin only; inline SVG and style attributes.
+# Every page: scripts and media from this origin only; inline SVG and style attributes.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-       "img-src 'self' data:; media-src 'self'; object-src 'none'; base-uri 'none'; "
-       "form-action 'self'; frame-ancestors 'none'")
+       "img-src 'self' data:; media-src 'self'; connect-src 'self'; object-src 'none'; "
+       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+# /rq's pages: rqdash.js never hands a string to an HTML sink, so Chromium may refuse them all.
+CSP_RQ = CSP + "; require-trusted-types-for 'script'; trusted-types 'none'"
 
 
 @dataclass
@@ -95,12 +96,13 @@ def create_app(settings: Settings | None = None, *, redis_conn: redis.Redis | No
         app.config["TRUSTED_HOSTS"] = trusted_hosts(host)
     app.extensions["h3render"] = DashState(redis_conn, settings, auth, Csrf(app.secret_key), url)
 
-    _mount_rq_dashboard(app, url)
-    from h3render.dashboards import filters, views
+    from h3render.dashboards import filters, rqdash, views
 
+    rqdash.install(app, url)
     filters.register(app)
     app.register_blueprint(views.bp)
     app.before_request(_authenticate)
+    app.before_request(rqdash.post_only)
     app.before_request(_check_csrf)
     app.after_request(_headers)
     app.context_processor(lambda: {"csrf_token": csrf_token, "csrf_field": CSRF_FIELD,
@@ -108,31 +110,24 @@ def create_app(settings: Settings | None = None, *, redis_conn: redis.Redis | No
     return app
 
 
-def _mount_rq_dashboard(app: Flask, url: str) -> None:
-    import rq_dashboard
-    from rq_dashboard.web import config as rq_config
-    from rq_dashboard.web import setup_rq_connection
-
-    app.config.setdefault("RQ_DASHBOARD_POLL_INTERVAL", 2500)
-    app.config["RQ_DASHBOARD_REDIS_URL"] = url  # before setup_rq_connection, which reads it
-    rq_config.serializer = JSONSerializer
-    app.register_blueprint(rq_dashboard.blueprint, url_prefix=RQ_PREFIX)
-    setup_rq_connection(app)
-
-
 # ---------------------------------------------------------------- request hooks
 
 
-def csrf_token() -> str:
-    """This request's CSRF token (the cookie's when valid, else a fresh one set on the response)."""
-    tok = getattr(g, "csrf_token", None)
-    if tok is None:
-        tok = request.cookies.get(CSRF_COOKIE)
-        if not state().csrf.valid(tok):
-            tok = state().csrf.new_token()
+def _csrf_nonce() -> str:
+    """This browser's CSRF nonce (its cookie's when well formed, else a fresh one set on the response)."""
+    nonce = getattr(g, "csrf_nonce", None)
+    if nonce is None:
+        nonce = request.cookies.get(CSRF_COOKIE)
+        if not state().csrf.valid_nonce(nonce):
+            nonce = state().csrf.new_nonce()
             g.csrf_set = True
-        g.csrf_token = tok
-    return tok
+        g.csrf_nonce = nonce
+    return nonce
+
+
+def csrf_token(action: str) -> str:
+    """The token a form (or button) that POSTs to `action` must send: valid for that path only."""
+    return state().csrf.token(_csrf_nonce(), action)
 
 
 def _authenticate() -> Response | None:
@@ -171,8 +166,9 @@ def _check_csrf() -> Response | None:
     if request.method in SAFE_METHODS:
         return None
     submitted = request.headers.get(CSRF_HEADER) or request.form.get(CSRF_FIELD)
-    why = state().csrf.check(request.cookies.get(CSRF_COOKIE), submitted,
-                             request.headers.get("Origin"), request.host_url)
+    why = state().csrf.check(request.cookies.get(CSRF_COOKIE), submitted, request.script_root + request.path,
+                             origin=request.headers.get("Origin"),
+                             fetch_site=request.headers.get("Sec-Fetch-Site"), host_url=request.host_url)
     if why is None:
         return None
     body = render_template("error.html", code=403, title="Request refused (CSRF check)",
@@ -180,52 +176,15 @@ def _check_csrf() -> Response | None:
     return Response(body, 403)
 
 
-# rq-dashboard 0.9.0 inserts some JSON fields into the page as raw HTML with underscore's
-# `<%= %>`: every field of the job view (description, metadata, exc_info: our prompts are in
-# them) and the worker list's call string and names. Those responses are escaped here.
-_RQ_JOB_JSON = re.compile(rf"^{RQ_PREFIX}/\d+/data/job/[^/]+\.json$")
-_RQ_WORKERS_JSON = re.compile(rf"^{RQ_PREFIX}/\d+/data/workers\.json$")
-
-
-def _escape_all(v: Any) -> Any:
-    if isinstance(v, str):
-        return str(escape(v))
-    if isinstance(v, list):
-        return [_escape_all(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _escape_all(x) for k, x in v.items()}
-    return v
-
-
-def _escape_rq_json(resp: Response) -> Response:
-    path = request.path
-    job_view = bool(_RQ_JOB_JSON.match(path))
-    if not (job_view or _RQ_WORKERS_JSON.match(path)) or resp.mimetype != "application/json":
-        return resp
-    doc = json.loads(resp.get_data())
-    if job_view:
-        doc = _escape_all(doc)
-    else:
-        for w in doc.get("workers") or []:
-            for k in ("name", "queues", "state"):
-                if k in w:
-                    w[k] = _escape_all(w[k])
-            cur = w.get("current_job")
-            if isinstance(cur, dict) and "call_string" in cur:  # its description is escaped by the page
-                cur["call_string"] = _escape_all(cur["call_string"])
-    resp.set_data(json.dumps(doc))
-    return resp
-
-
 def _headers(resp: Response) -> Response:
-    resp = _escape_rq_json(resp)
-    tok = csrf_token()
+    nonce = _csrf_nonce()
     if getattr(g, "csrf_set", False):
-        # Readable by scripts on purpose: rq-dashboard's JavaScript sends it back as X-CSRFToken.
-        resp.set_cookie(CSRF_COOKIE, tok, httponly=False, samesite="Strict", secure=request.is_secure)
+        # HttpOnly: no page script ever needs it; forms carry their own per-action token.
+        resp.set_cookie(CSRF_COOKIE, nonce, httponly=True, samesite="Strict", secure=request.is_secure,
+                        path="/")
     resp.headers.setdefault("X-Content-Type-Options", "nosniff")
     resp.headers.setdefault("Referrer-Policy", "same-origin")
     resp.headers.setdefault("X-Frame-Options", "DENY")
-    if not request.path.startswith(RQ_PREFIX + "/") and request.path != RQ_PREFIX:
-        resp.headers.setdefault("Content-Security-Policy", CSP)
+    rq = request.path == RQ_PREFIX or request.path.startswith(RQ_PREFIX + "/")
+    resp.headers["Content-Security-Policy"] = CSP_RQ if rq else CSP
     return resp

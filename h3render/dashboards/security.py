@@ -14,25 +14,32 @@ Authentication (`Auth`)
     basic   user:password, the browser's own login prompt.
     Every comparison is constant time (hmac.compare_digest).
 
-CSRF (double submit, signed)
-    Every response carries the cookie `_csrf_token` (SameSite=Strict): a random
-    nonce signed with the app's secret. A POST must send the same value in the
-    form field `csrf_token` or the header `X-CSRFToken` (rq-dashboard's
-    JavaScript already sends that header from that cookie), the signature must
-    verify, and an Origin header, when the browser sends one, must be ours.
+CSRF (`Csrf`: per-action tokens bound to an HttpOnly cookie)
+    The browser holds a random nonce in the cookie `h3r_csrf` (HttpOnly,
+    SameSite=Strict): no page script can read it. Each form (and each action
+    button that rq-dashboard's pages build from JSON) carries a token for one
+    action: HMAC-SHA256(app secret, nonce + "POST" + the action's path). A POST
+    must send that token in the form field `csrf_token` or the header
+    `X-CSRFToken`; it is checked against the cookie's nonce and the path the
+    POST goes to. A token copied out of one page is worthless without the
+    cookie, and works for no other action. An `Origin` header, when sent, must
+    be ours, and a `Sec-Fetch-Site` of same-site or cross-site is refused: SameSite
+    cookies are sent from another port of 127.0.0.1, which is the same "site".
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from itsdangerous import BadSignature, URLSafeSerializer
 from pydantic import BaseModel, ConfigDict, field_validator
 
-CSRF_COOKIE = "_csrf_token"
+CSRF_COOKIE = "h3r_csrf"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRFToken"
 TOKEN_COOKIE = "h3r_dashboard_token"
@@ -141,40 +148,58 @@ def trusted_hosts(host: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- CSRF
+#
+# Our own scheme rather than Flask-WTF's CSRFProtect, which would be a new dependency
+# for less: its one token per session is valid for every form, while ours is valid for
+# one action path only; it knows nothing of Sec-Fetch-Site, and its refusals do not
+# come as our error page naming the cause. Both keep the secret half in an HttpOnly
+# cookie and compare in constant time.
+
+_NONCE_RE = re.compile(r"[A-Za-z0-9_-]{32}")
+_REFUSED_FETCH_SITES = ("cross-site", "same-site")
+
+
+def action_path(url: str) -> str:
+    """The path a form's action URL posts to, as the server sees it (percent-decoded)."""
+    return unquote(urlsplit(url).path)
 
 
 class Csrf:
-    """Issue and check signed double-submit tokens with one app secret."""
+    """Issue and check per-action tokens bound to a cookie nonce, with one app secret."""
 
     def __init__(self, secret: str):
-        self._s = URLSafeSerializer(secret, salt="h3render-dashboard-csrf")
+        self._key = hmac.new(secret.encode(), b"h3render-dashboard-csrf", hashlib.sha256).digest()
 
-    def new_token(self) -> str:
-        return self._s.dumps(secrets.token_urlsafe(16))
+    @staticmethod
+    def new_nonce() -> str:
+        return secrets.token_urlsafe(24)  # 32 characters
 
-    def valid(self, token: str | None) -> bool:
-        if not token:
-            return False
-        try:
-            self._s.loads(token)
-        except BadSignature:
-            return False
-        return True
+    @staticmethod
+    def valid_nonce(nonce: str | None) -> bool:
+        return bool(nonce) and _NONCE_RE.fullmatch(nonce) is not None
 
-    def check(self, cookie: str | None, submitted: str | None, origin: str | None,
-              host_url: str) -> str | None:
-        """None when the POST may proceed, else why it is refused (for the 403 page)."""
+    def token(self, nonce: str, action: str) -> str:
+        """The token a POST to `action` (a path, or a URL) must carry with this nonce."""
+        msg = f"{nonce}\0POST\0{action_path(action)}".encode()
+        mac = hmac.new(self._key, msg, hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    def check(self, nonce: str | None, submitted: str | None, action: str, *, origin: str | None = None,
+              fetch_site: str | None = None, host_url: str = "") -> str | None:
+        """None when a POST to `action` may proceed, else why it is refused (for the 403 page)."""
         if origin is not None and origin != "null":
             if _origin_of(origin) != _origin_of(host_url):
                 return f"Origin {origin!r} is not this dashboard ({_origin_of(host_url)})"
-        if not cookie:
+        if fetch_site in _REFUSED_FETCH_SITES:
+            return (f"the browser says this request came from another page's site (Sec-Fetch-Site: "
+                    f"{fetch_site}); use the dashboard's own buttons")
+        if not self.valid_nonce(nonce):
             return "no CSRF cookie (load a dashboard page first, with cookies enabled)"
         if not submitted:
             return f"no CSRF token in the form field {CSRF_FIELD!r} or the {CSRF_HEADER} header"
-        if not hmac.compare_digest(cookie.encode(), submitted.encode()):
-            return "the CSRF token does not match the cookie (stale page? reload it)"
-        if not self.valid(submitted):
-            return "the CSRF token was not issued by this dashboard (reload the page)"
+        if not hmac.compare_digest(submitted.encode(), self.token(nonce, action).encode()):
+            return (f"the CSRF token is not this browser's token for POST {action_path(action)} "
+                    "(stale page? reload it)")
         return None
 
 
