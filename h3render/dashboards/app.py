@@ -105,6 +105,7 @@ def create_app(settings: Settings | None = None, *, redis_conn: redis.Redis | No
     app.before_request(rqdash.post_only)
     app.before_request(_check_csrf)
     app.after_request(_headers)
+    app.register_error_handler(405, lambda e: method_not_allowed(e.valid_methods or ["POST"]))
     app.context_processor(lambda: {"csrf_token": csrf_token, "csrf_field": CSRF_FIELD,
                                    "rq_prefix": RQ_PREFIX})
     return app
@@ -160,6 +161,14 @@ def _authenticate() -> Response | None:
                                    "(or an Authorization: Bearer header), or log in with the "
                                    "dashboard's user name and password.")
     return Response(body, 401, headers)
+
+
+def method_not_allowed(allowed: list[str]) -> Response:
+    """Our 405 page: a state change was asked for with GET (or another wrong method)."""
+    body = render_template("error.html", code=405, title="Method not allowed",
+                           message=f"{request.method} {request.path} would change the queue: it takes a POST "
+                                   "from the dashboard's own button, with its CSRF token. Nothing was changed.")
+    return Response(body, 405, {"Allow": ", ".join(sorted(set(allowed)))})
 
 
 def _check_csrf() -> Response | None:

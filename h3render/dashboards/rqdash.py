@@ -44,7 +44,7 @@ from rq.registry import (
 )
 from rq.serializers import JSONSerializer
 
-from h3render.dashboards.app import RQ_PREFIX, csrf_token, state
+from h3render.dashboards.app import RQ_PREFIX, csrf_token, method_not_allowed, state
 from h3render.queue.errors import NotFoundError
 
 BP = "rq_dashboard"
@@ -86,10 +86,7 @@ def post_only() -> Response | None:
     endpoint = request.endpoint or ""
     if not endpoint.startswith(BP + ".") or endpoint in READ_ONLY or request.method == "POST":
         return None
-    body = render_template("error.html", code=405, title="Method not allowed",
-                           message=f"{request.method} {request.path} would change the queue: it takes a POST "
-                                   "from the dashboard's own button, with its CSRF token. Nothing was changed.")
-    return Response(body, 405, {"Allow": "POST"})
+    return method_not_allowed(["POST"])
 
 
 def _json(doc: dict):
@@ -214,8 +211,15 @@ def _requeue(job_id: str) -> str | None:
     return None if job_id in out.done else out.skipped.get(job_id, "not requeued")
 
 
+def _requeue_or_why(job_id: str) -> str | None:
+    try:
+        return _requeue(job_id)
+    except Exception as e:  # a record that does not parse (e.g. its meta) is reported, not a 500
+        return f"{type(e).__name__}: {e}"
+
+
 def requeue_job(job_id: str):
-    why = _requeue(job_id)
+    why = _requeue_or_why(job_id)
     return _json({"status": "OK"} if why is None else {"status": "SKIPPED", "reason": why})
 
 
@@ -223,11 +227,7 @@ def requeue_all(queue_name: str):
     ids = FailedJobRegistry(queue_name, connection=_conn()).get_job_ids(cleanup=False)
     skipped = {}
     for job_id in ids:
-        try:
-            why = _requeue(job_id)
-        except Exception as e:  # one bad record does not stop the others
-            why = f"{type(e).__name__}: {e}"
+        why = _requeue_or_why(job_id)
         if why is not None:
             skipped[job_id] = why
     return _json({"status": "OK", "count": len(ids) - len(skipped), "skipped": skipped})
-
