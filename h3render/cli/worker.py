@@ -47,7 +47,7 @@ def worker(burst: bool, max_jobs: int | None, force: bool, name: str | None,
         r = get_redis(settings)
     except RedisUnavailableError as e:
         cause = e.__cause__
-        if isinstance(cause, (redis.AuthenticationError, redis.AuthorizationError)):
+        if isinstance(cause, (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)):
             fail(1, f"Redis refuses this worker's credentials ({cause}); check the password in "
                     "H3RENDER_REDIS_URL")
         fail(1, e)

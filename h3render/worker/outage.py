@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Callable
 
@@ -29,8 +30,8 @@ from h3render.keys import WRITE_PROBE_KEY
 
 log = logging.getLogger("h3render.worker")
 
-WRITE_MARKERS = ("MISCONF", "OOM ", "OOM command", "READONLY", "NOREPLICAS", "EXECABORT",
-                 "read only replica", "LOADING")
+WRITE_MARKERS = ("MISCONF", "OOM ", "READONLY", "NOREPLICAS", "EXECABORT", "LOADING", "UNBLOCKED",
+                 "read only replica", "command not allowed when used memory")
 AUTH_MARKERS = ("NOAUTH", "WRONGPASS", "NOPERM", "invalid password", "invalid username-password")
 
 
@@ -49,9 +50,11 @@ def one_line(text: object, limit: int = 300) -> str:
 
 def classify(exc: BaseException) -> str | None:
     msg = str(exc)
-    if isinstance(exc, (redis.AuthenticationError, redis.AuthorizationError)) or (
+    if isinstance(exc, (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)) or (
             isinstance(exc, redis.RedisError) and any(m in msg for m in AUTH_MARKERS)):
         return "auth"
+    if isinstance(exc, (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)):
+        return "write"  # redis-py drops the OOM / READONLY prefix from these messages
     if isinstance(exc, redis.ResponseError) and any(m in msg for m in WRITE_MARKERS):
         return "write" if "LOADING" not in msg else "connection"
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)):
@@ -59,14 +62,19 @@ def classify(exc: BaseException) -> str | None:
     return None
 
 
+def _bare(exc: BaseException) -> str:
+    """The server's message without redis-py's "Command # n (...) of pipeline caused error: "."""
+    return re.sub(r"^Command # \d+ \(.*?\) of pipeline caused error: ", "", one_line(exc, 2000))
+
+
 def describe(exc: BaseException) -> str:
     """The gate's reason for an outage, one line."""
-    kind = classify(exc)
+    kind, text = classify(exc), _bare(exc)
     if kind == "write":
-        return f"Redis refuses writes: {one_line(exc, 200)}"
+        return f"Redis refuses writes: {one_line(text, 200)}"
     if kind == "connection":
-        return f"Redis unavailable: {one_line(exc, 200)}"
-    return one_line(exc, 200)
+        return f"Redis unavailable: {one_line(text, 200)}"
+    return one_line(text, 200)
 
 
 def write_problem(r: redis.Redis, host: str) -> BaseException | None:

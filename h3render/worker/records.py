@@ -42,8 +42,10 @@ def shown(value: bytes | str | None, limit: int = SHOWN_CHARS) -> str:
     """A value as a reason may quote it: repr of its text, cut, with its full length."""
     if value is None:
         return "(missing)"
-    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
-    r = repr(text)
+    try:
+        r = repr(value.decode("utf-8") if isinstance(value, bytes) else value)
+    except UnicodeDecodeError:
+        r = repr(value)  # b'...' shows which bytes are not text
     if len(r) <= limit:
         return r
     size = len(value)
@@ -167,6 +169,12 @@ def _flag(v: bytes):
     return "is not 0 or 1", "0 or 1"
 
 
+def _kind(x) -> str:
+    """The JSON name of a parsed value's type."""
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+            bool: "a boolean", type(None): "null"}.get(type(x), type(x).__name__)
+
+
 def _json(v: bytes, limit: int):
     if len(v) > limit:
         raise ValueError(f"is {len(v)} bytes long (at most {limit})")
@@ -187,7 +195,7 @@ def _int_list(limit_items: int, lo: int, hi: int, nonempty: bool):
         except ValueError as e:
             return str(e), rule
         if not isinstance(x, list) or (nonempty and not x) or len(x) > limit_items:
-            return f"is not such a list ({type(x).__name__} of {len(x) if isinstance(x, list) else 1})", rule
+            return f"is {_kind(x)}{f' of {len(x)}' if isinstance(x, list) else ''}", rule
         if not all(type(i) is int and lo <= i <= hi for i in x):
             return "holds an item that is not an integer in range", rule
         return None
@@ -203,7 +211,7 @@ def _id_list(v: bytes):
     except ValueError as e:
         return str(e), rule
     if not isinstance(x, list) or len(x) > 1000:
-        return f"is not a list of ids ({type(x).__name__})", rule
+        return f"is {_kind(x)}{f' of {len(x)}' if isinstance(x, list) else ''}", rule
     if not all(isinstance(i, str) and check_job_id(i) is None for i in x):
         return "holds an item that is not a job id", rule
     return None
@@ -235,9 +243,9 @@ def _meta(v: bytes):
     except ValueError as e:
         return str(e), rule
     if not isinstance(x, dict):
-        return f"is a JSON {type(x).__name__}, not an object", rule
+        return f"is {_kind(x)}, not an object", rule
     if "h3r" in x and not isinstance(x["h3r"], dict):
-        return f"has an 'h3r' that is a {type(x['h3r']).__name__}, not an object", rule
+        return f"has an 'h3r' that is {_kind(x['h3r'])}, not an object", rule
     return None
 
 
@@ -264,7 +272,7 @@ def _data(v: bytes):
     except ValueError as e:
         return str(e), rule
     if not isinstance(x, list) or len(x) != 4:
-        return f"is a JSON {type(x).__name__}, not a list of 4", rule
+        return f"is {_kind(x)}{f' of {len(x)}' if isinstance(x, list) else ''}, not a list of 4", rule
     func, _, args, kwargs = x
     if not (func is None or isinstance(func, str)) or not isinstance(args, list) \
             or not isinstance(kwargs, dict):
@@ -393,7 +401,7 @@ def _repaired(name: str, v: bytes, repair, queue_name: str | None) -> bytes | No
     if repair == "meta":
         return _repair_meta(v)
     if repair == "text":
-        return shown(v, 200).encode()
+        return v.decode("utf-8", "replace").replace("\x00", "")[:200].encode()
     if repair == "origin":
         return (queue_name or "").encode() or None
     return repair  # bytes or None

@@ -255,7 +255,7 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
                         break
                     raise
                 except Exception as e:  # noqa: BLE001 - see the module doc
-                    self.outlast(e)
+                    self._outlast_or_pause(e)
         finally:
             self._teardown_quietly()
         if self.lock.lost:
@@ -273,6 +273,15 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
                 self.outlast(e)
                 if self._stop_requested:
                     raise StopRequested() from e
+
+    def _outlast_or_pause(self, exc: BaseException) -> None:
+        try:
+            self.outlast(exc)
+        except (StopRequested, FatalWorkerError, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception:  # noqa: BLE001 - never out of the loop for this
+            log.exception("worker %s: while handling %r", self.name, exc)
+            self._sleep(1.0)
 
     def outlast(self, exc: BaseException) -> None:
         """Wait out a Redis outage; log anything else and pause (longer when it repeats)."""
