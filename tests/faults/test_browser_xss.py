@@ -356,3 +356,30 @@ def test_get_and_cross_origin_requests_change_nothing(world, tmp_path, fault_tab
     assert all(s in (403, 405) for s in answers.values()), answers
     assert all(answers[f"img.html GET {p}"] == 405 for p in paths), answers
     assert row.ok and tried >= 3 * len(paths), (row, answers)
+
+
+# ---------------------------------------------------------------- and the buttons still work
+
+
+def test_rq_buttons_post_with_their_own_token(world):
+    """The same browser, on the dashboard itself: Requeue in rq's failed list and Delete on a
+    job page go through (a confirm dialog, then a POST with the button's token)."""
+    b: Browser = world["browser"]
+    r = world["r"]
+    jid, gone = world["jobs"]["svg"], world["jobs"]["template"]
+    b.console_errors()  # drop what earlier pages logged (the attack pages' framing refusals)
+    b.open(world["base"] + "/rq/0/view/jobs/h3render/failed/8/asc/1")
+    row = f'tr[data-job-id="{jid}"]'
+    b.wait(lambda d: d.find_elements("css selector", row), 20, "the failed list")
+    b.one(f"{row} button.btn-outline-warning").click()  # Requeue: no confirm
+    b.wait(lambda d: Job.fetch(jid, connection=r, serializer=JSONSerializer).get_status() == JobStatus.QUEUED,
+           20, "the job to be requeued")
+    assert Job.fetch(jid, connection=r, serializer=JSONSerializer).meta["h3r"]["state"] == "queued"
+    b.open(f"{world['base']}/rq/0/view/job/{gone}")
+    b.wait(lambda d: d.find_elements("css selector", "[data-field=status]:not(:empty)"), 20, "the job page")
+    b.one("#delete-job-btn").click()
+    b.wait(lambda d: d.switch_to.alert, 10, "the confirm dialog").accept()
+    b.wait(lambda d: not Job.exists(gone, connection=r), 20, "the job to be deleted")
+    b.wait(lambda d: d.find_elements("css selector", "table#queues tr[data-role=queue]"), 20, "the queues page")
+    assert "h3r_csrf" not in b.js("return document.cookie")
+    assert not [e for e in b.console_errors() if "Content Security Policy" in e["message"]]
