@@ -316,3 +316,41 @@ def test_waitress_serves_when_installed(app):
     kind, code, headers = _serve_once(app)
     assert (kind, code) == ("waitress", 200) and headers["Server"] == "h3render"
     assert "script-src 'self'" in headers["Content-Security-Policy"]
+
+
+# ---------------------------------------------------------------- hostile records on /rq
+
+
+def test_rq_job_lists_page_in_order_and_list_unreadable_records_with_the_reason(client, redis_conn):
+    q = Queue("h3render", connection=redis_conn, serializer=JSONSerializer)
+    ids = [q.enqueue_call("h3render.worker.render.render_job", kwargs={"job": {}}, job_id=f"j-p{i:02d}").id
+           for i in range(10)]
+    failed = FailedJobRegistry("h3render", connection=redis_conn)
+    for i, jid in enumerate(ids):
+        redis_conn.zadd(failed.key, {jid: 4_000_000_000 + i})  # the same ids, in the same order
+
+    def listed(registry, order, page):
+        doc = client.get(f"/rq/0/data/jobs/h3render/{registry}/4/{order}/{page}.json").get_json()
+        return [j["id"] for j in doc["jobs"]]
+
+    for registry in ("queued", "failed"):
+        assert listed(registry, "asc", 1) == ids[0:4], registry
+        assert listed(registry, "asc", 3) == ids[8:10], registry
+        assert listed(registry, "dsc", 1) == ids[6:10][::-1], registry
+        assert listed(registry, "dsc", 3) == ids[0:2][::-1], registry
+    bad = {"created_at": "garbage", "meta": "{not json", "status": "weird", "timeout": "abc",
+           "enqueued_at": "zz", "ended_at": "qq"}
+    for jid, (field, value) in zip(ids, bad.items()):
+        redis_conn.hset(f"rq:job:{jid}", field, value)
+    for registry in ("queued", "failed"):
+        r = client.get(f"/rq/0/data/jobs/h3render/{registry}/20/asc/1.json")
+        assert r.status_code == 200, registry
+        jobs = {j["id"]: j for j in r.get_json()["jobs"]}
+        assert set(jobs) == set(ids)  # every record is listed, readable or not
+        assert "job record unreadable: ValueError" in jobs[ids[0]]["description"]  # created_at
+    for jid in ids[:len(bad)]:
+        r = client.get(f"/rq/0/data/job/{jid}.json")
+        assert r.status_code == 200 and r.get_json()["id"] == jid, jid
+    doc = client.get(f"/rq/0/data/job/{ids[0]}.json").get_json()
+    assert doc["status"] == "unreadable" and "garbage" in doc["description"]
+    assert client.get("/rq/0/data/job/j-nothere.json").status_code == 404

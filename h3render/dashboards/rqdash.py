@@ -15,7 +15,11 @@ Every route of rq_dashboard/web.py, and what happens to it here:
     kept, GET, read only    queues_overview, workers_overview, jobs_overview, list_queues,
                             job_info, favicon, static
     kept, JSON extended     list_jobs: each job gets the URL and CSRF token of its
-                            requeue and delete actions (the buttons rqdash.js builds)
+                            requeue and delete actions (the buttons rqdash.js builds); its
+                            helper get_queue_registry_jobs_count is swapped for one that
+                            lists a record that does not parse as such, where rq-dashboard's
+                            failed the whole list (one bad created_at: a 500 for every job)
+    kept, guarded           job_info: a record that does not parse answers with the reason
     replaced                job_view, list_workers: rq-dashboard reads the job (and a
                             worker's current job) with rq's default serializer, pickle
     replaced, POST only     delete_job_view, empty_queue (pickle, as above),
@@ -61,6 +65,7 @@ TEMPLATES = ("base.html", "navbar.html", "queues.html", "workers.html", "jobs.ht
 
 def install(app: Flask, redis_url: str) -> None:
     import rq_dashboard
+    import rq_dashboard.web as web
     from rq_dashboard.web import config as rq_config
     from rq_dashboard.web import setup_rq_connection
 
@@ -78,6 +83,9 @@ def install(app: Flask, redis_url: str) -> None:
     views[f"{BP}.requeue_all"] = requeue_all
     original_list_jobs = views[f"{BP}.list_jobs"]
     views[f"{BP}.list_jobs"] = lambda **kw: list_jobs(original_list_jobs, **kw)
+    original_job_info = views[f"{BP}.job_info"]
+    views[f"{BP}.job_info"] = lambda **kw: job_info(original_job_info, **kw)
+    web.get_queue_registry_jobs_count = registry_jobs
     # The app registers post_only as a request hook after its authentication.
 
 
@@ -154,6 +162,61 @@ def list_jobs(original, **kw):
             urls["delete"] = url_for(f"{BP}.delete_job_view", job_id=j["id"])
         j["actions"] = {name: {"url": u, "token": csrf_token(u)} for name, u in urls.items()}
     return _json(doc)
+
+
+def _unreadable(job_id: str, e: Exception) -> dict:
+    why = f"job record unreadable: {type(e).__name__}: {e}"
+    return {"id": job_id, "status": "unreadable", "description": why, "exc_info": None, "created_at": None,
+            "enqueued_at": None, "started_at": None, "ended_at": None, "origin": None, "result": None,
+            "metadata": "{}"}
+
+
+def registry_jobs(queue_name, registry_name, offset, per_page, order, connection):
+    """rq-dashboard's get_queue_registry_jobs_count, one job at a time: (total, serialized jobs)."""
+    from rq import Queue
+    from rq_dashboard.web import serialize_job
+
+    queue = Queue(queue_name, serializer=JSONSerializer, connection=connection)
+    if registry_name == "queued":
+        total = queue.count
+    elif registry_name in REGISTRIES:
+        registry = REGISTRIES[registry_name](queue_name, connection=connection)
+        total = registry.get_job_count(cleanup=False)
+    else:
+        return 0, []
+    # rows [first, last] of the page, counted from the end for "dsc"
+    if order == "dsc":
+        last = total - offset - 1
+        first = max(0, last - per_page + 1)
+    else:
+        first, last = offset, offset + per_page - 1
+    if last < first:
+        ids = []
+    elif registry_name == "queued":
+        ids = queue.get_job_ids(first, last - first + 1)  # offset, length
+    else:
+        ids = registry.get_job_ids(first, last, cleanup=False)  # inclusive range
+    if order == "dsc":
+        ids.reverse()
+    jobs = []
+    for job_id in ids:
+        try:
+            job = _fetch(job_id) if Job.exists(job_id, connection=connection) else None
+            if job is not None:
+                jobs.append(serialize_job(job))
+        except Exception as e:  # listed with its reason, not a 500 for the whole list
+            jobs.append(_unreadable(job_id, e))
+    return total, jobs
+
+
+def job_info(original, **kw):
+    job_id = kw.get("job_id", "")
+    try:
+        return original(**kw)
+    except NoSuchJobError:
+        return jsonify({"id": job_id, "status": "gone", "error": f"no job {job_id!r}"}), 404
+    except Exception as e:
+        return _json(_unreadable(job_id, e))
 
 
 # ---------------------------------------------------------------- actions (POST + CSRF)
