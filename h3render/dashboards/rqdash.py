@@ -59,7 +59,7 @@ READ_ONLY = frozenset(f"{BP}.{name}" for name in (
 REGISTRIES = {"failed": FailedJobRegistry, "deferred": DeferredJobRegistry, "started": StartedJobRegistry,
               "finished": FinishedJobRegistry, "canceled": CanceledJobRegistry,
               "scheduled": ScheduledJobRegistry}
-# What each template's page script (data-rq-page) draws.
+# The rq-dashboard templates overridden in templates/rq_dashboard/ (its own would run inline scripts).
 TEMPLATES = ("base.html", "navbar.html", "queues.html", "workers.html", "jobs.html", "job.html")
 
 

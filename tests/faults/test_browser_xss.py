@@ -29,7 +29,6 @@ import threading
 import time
 from contextlib import contextmanager
 from functools import partial
-from pathlib import Path
 
 import pytest
 from rq import Queue, Worker
