@@ -18,12 +18,14 @@
                     alive and starts it again at once when it is not (`ensure_scheduler`).
     sweep_started   the started registry of every queue, for jobs whose worker is gone:
                     its record was removed or marks its death, its pid is dead on this
-                    host, or it has been silent for STALE_WORKER_S (another host). Such
-                    a job is retried (retry budget) or failed, with the reason, unless its
+                    host, or it has been silent for `stale_after_s` (another host). Such
+                    a job goes back to the front of its queue at once (one retry of its
+                    budget: the worker died, not the job, so no retry interval) or is
+                    failed when no retry is left, with the reason, unless its
                     render process still runs on this host (that process notices its
                     worker is gone within a step and ends the job itself) or it was asked
                     to stop (then it ends canceled). The worker runs it every
-                    SWEEP_EVERY_S, not only when it takes over a dead worker's lock.
+                    `sweep_every_s`, not only when it takes over a dead worker's lock.
 """
 
 from __future__ import annotations
@@ -52,8 +54,23 @@ from h3render.worker.outage import classify
 
 log = logging.getLogger("h3render.worker")
 
-SWEEP_EVERY_S = 15.0  # a dead worker's job is requeued within this (plus STALE_WORKER_S off-host)
-STALE_WORKER_S = 45.0  # a worker on another host silent this long is dead (it beats every <= 30 s)
+
+
+def beat_s(settings) -> float:
+    """Longest time between two heartbeats of a live worker: its dequeue slices, its job
+    monitoring interval and its closed-gate polls are all at most this."""
+    return float(max(1, min(30, settings.gate_poll_s)))
+
+
+def stale_after_s(settings) -> float:
+    """A worker on another host silent this long is dead: three missed heartbeats."""
+    return max(10.0, 3 * beat_s(settings))
+
+
+def sweep_every_s(settings) -> float:
+    """How often a worker sweeps the started registry (15 s at the default 15 s gate poll)."""
+    return max(2.0, min(15.0, 2 * beat_s(settings)))
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -204,8 +221,9 @@ def _ts(raw: bytes | None) -> float | None:
         return None
 
 
-def worker_gone(r: redis.Redis, name: str, host: str, now: float | None = None) -> str | None:
-    """Why the rq worker `name` is dead, or None while it may be alive."""
+def worker_gone(r: redis.Redis, name: str, host: str, stale_s: float, now: float | None = None) -> str | None:
+    """Why the rq worker `name` is dead, or None while it may be alive (silent for at most
+    stale_s when it runs on another host)."""
     now = time.time() if now is None else now
     info = r.hgetall(f"rq:worker:{name}")
     if not info:
@@ -220,7 +238,7 @@ def worker_gone(r: redis.Redis, name: str, host: str, now: float | None = None) 
     if wh == host and pid and not pid_alive(pid):
         return f"its worker {name} (pid {pid}) died"
     beat = _ts(info.get(b"last_heartbeat"))
-    if wh != host and (beat is None or now - beat > STALE_WORKER_S):
+    if wh != host and (beat is None or now - beat > stale_s):
         return f"its worker {name} on {wh or '?'} has been silent for {now - (beat or 0):.0f} s"
     return None
 
@@ -257,7 +275,7 @@ def sweep_started(worker, only_worker: str | None = None, reason: str | None = N
                 why = f"its worker {worker.name} (this one) no longer runs it"
             else:
                 for n in names:
-                    why = worker_gone(r, n, worker.host, now)
+                    why = worker_gone(r, n, worker.host, stale_after_s(worker.settings), now)
                     if why:
                         break
                 if not names and all(score < now for _, score in entries):
@@ -302,8 +320,9 @@ def recover(worker, q: Queue, reg: StartedJobRegistry, raw_id: bytes, members: l
                 pipe.delete(b"rq:execution:" + m)
             pipe.hset(job.key, "meta", job.serializer.dumps(job.meta))
             record_state(pipe, h.get("sweep_id"), job.id, state)
-            if retry:
-                job.retry(q, pipe)
+            if retry:  # at once, at the front: the worker died, not the job
+                job.retries_left -= 1
+                q._enqueue_job(job, pipeline=pipe, at_front=True)
             else:
                 job.set_status(JobStatus.FAILED, pipeline=pipe)
                 job._handle_failure(err, pipe, worker_name=worker.name)

@@ -391,7 +391,7 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
             scheduling.ensure_scheduler(self)
 
     def _sweep_if_due(self, force: bool = False) -> None:
-        if force or time.monotonic() - self._last_sweep >= scheduling.SWEEP_EVERY_S:
+        if force or time.monotonic() - self._last_sweep >= scheduling.sweep_every_s(self.settings):
             self._last_sweep = time.monotonic()
             scheduling.sweep_started(self)
 
