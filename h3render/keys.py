@@ -19,6 +19,7 @@ SWEEP_KEY = "h3render:sweep:{id}"  # hash: axes, fixed, created_at, jobs, estima
 SWEEP_JOBS_KEY = "h3render:sweep:{id}:jobs"  # list of job ids in run order
 SWEEP_STATES_KEY = "h3render:sweep:{id}:states"  # hash: job id -> JobPhase value
 SWEEP_CHANGED_KEY = "h3render:sweep:{id}:changed"  # zset: job id -> time of its last state change
+SWEEP_FACTS_KEY = "h3render:sweep:{id}:facts"  # JSON: what never changes per job (estimate, grid axes)
 SWEEPS_KEY = "h3render:sweeps"  # set of sweep ids
 
 # -- workers and machines

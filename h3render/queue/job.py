@@ -48,6 +48,8 @@ class JobPhase(str, Enum):
     finished        outputs complete in meta "output_dir"
     failed          meta "error" (and "engine_error") says why; may be retried
     canceled        stopped on request; never retried automatically
+    abandoned       shown by status only, never written: rq says started but the job's
+                    worker is gone (h3render.queue.liveness); a live worker runs it again
     """
 
     queued = "queued"
@@ -62,6 +64,7 @@ class JobPhase(str, Enum):
     finished = "finished"
     failed = "failed"
     canceled = "canceled"
+    abandoned = "abandoned"
 
     @property
     def terminal(self) -> bool:

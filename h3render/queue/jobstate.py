@@ -7,6 +7,12 @@ so `status <sweep>` and the sweep page never scan every job. Every writer of a j
 state (enqueue, the render task, the worker, cancel and retry) goes through
 `save_h3r` (or `record_state` inside a pipeline it already has), so the indexes move
 with the meta in one MULTI/EXEC.
+
+Readers keep the index true where a writer could not (rq moving a job on its own, a
+sweep enqueued before the index existed): h3render.queue.sweepstatus re-reads the
+jobs the index may be wrong about and writes what it read with `correct_states`, a
+compare-and-set that never overwrites a state some writer set meanwhile. Besides
+JobPhase values the index may hold EXPIRED: the job's record is gone (its TTL ran out).
 """
 
 from __future__ import annotations
@@ -16,6 +22,23 @@ from enum import Enum
 from typing import Any
 
 from h3render.keys import SWEEP_CHANGED_KEY, SWEEP_STATES_KEY
+
+EXPIRED = "expired"
+
+# ARGV: now, then (job id, expected state or "" for absent, new state) triples.
+_CAS = """
+local n = 0
+for i = 2, #ARGV, 3 do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if (cur == false and ARGV[i + 1] == '') or cur == ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+CAS_BATCH = 2000  # triples per script call: each call blocks Redis only briefly
 
 
 def _value(v: Any) -> Any:
@@ -42,3 +65,22 @@ def save_h3r(job, **fields: Any) -> dict:
             record_state(pipe, h.get("sweep_id"), job.id, h["state"])
         pipe.execute()
     return h
+
+
+def correct_states(r, sweep_id: str, corrections: dict[str, tuple[str | None, str]],
+                   now: float | None = None) -> int:
+    """Set job -> new state in the sweep's index where it still holds `expected` (None: the
+    job has no entry yet), and mark each set one changed now. Returns how many were set."""
+    if not corrections:
+        return 0
+    now = time.time() if now is None else now
+    keys = [SWEEP_STATES_KEY.format(id=sweep_id), SWEEP_CHANGED_KEY.format(id=sweep_id)]
+    script = r.register_script(_CAS)
+    items = list(corrections.items())
+    done = 0
+    for k in range(0, len(items), CAS_BATCH):
+        args: list[Any] = [now]
+        for job_id, (expected, new) in items[k:k + CAS_BATCH]:
+            args += [job_id, _value(expected) or "", _value(new)]
+        done += int(script(keys=keys, args=args))
+    return done
