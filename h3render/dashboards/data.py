@@ -16,11 +16,10 @@ from typing import Any
 import redis
 from rq import Worker
 from rq.job import Job
-from rq.serializers import JSONSerializer
 
-from h3render.dashboards.grid import PASS_AXIS, axis_values
+from h3render.dashboards.grid import PASS_AXIS, Grid, Layout, build_grid
 from h3render.queue import status as st
-from h3render.queue.enqueue import SWEEP_KEY
+from h3render.queue import sweepstatus as ss
 from h3render.queue.job import JobPhase
 from h3render.settings import Settings
 from h3render.keys import ENGINE_KEY, HEALTH_HISTORY_KEY
@@ -60,25 +59,27 @@ class JobItem:
         return self.meta.get("phase")
 
 
-def _item(job: Job) -> JobItem:
-    payload = (job.kwargs or {}).get("job") if isinstance(job.kwargs, dict) else None
-    meta = dict((job.meta or {}).get("h3r") or {})
+def _params(payload: dict[str, Any] | None, meta: dict[str, Any]) -> dict[str, Any]:
     params = dict(payload) if isinstance(payload, dict) else {}
     params[PASS_AXIS] = "preview" if meta.get("preview") else "full"
-    return JobItem(st.row_from_job(job), params, meta)
+    return params
 
 
 def job_items(r: redis.Redis, ids: list[str]) -> list[JobItem]:
-    """Items for these ids in order; expired jobs are skipped."""
-    jobs = Job.fetch_many(ids, connection=r, serializer=JSONSerializer) if ids else []
-    return [_item(j) for j in jobs if j is not None]
+    """Items for these ids in order (one pipelined read); expired jobs are skipped."""
+    return [JobItem(j.row, _params(j.payload, j.meta), j.meta) for j in st.read_jobs(r, ids, payload=True)]
 
 
 # ---------------------------------------------------------------- sweeps
 
+MAX_CELLS = 200  # cells of the grid one view shows: a 10,000-job sweep is paged, not drawn whole
+MAX_COLS = 20
+
 
 @dataclass
 class SweepInfo:
+    """A sweep's record and counts (from its index: no job is read), and the items of one view."""
+
     id: str
     record: dict[str, Any]
     axes: dict[str, list[Any]]  # name -> values, from the record
@@ -87,6 +88,7 @@ class SweepInfo:
     prompts: list[str]
     created_at: float | None
     elapsed_s: float | None
+    state: ss.SweepState
     items: list[JobItem] = field(default_factory=list)
 
     @property
@@ -101,37 +103,26 @@ class SweepInfo:
         n = self.summary.get("jobs") or 0
         return (self.summary.get("done") or 0) / n if n else 0.0
 
-
-def _record(r: redis.Redis, sweep_id: str) -> dict[str, Any]:
-    raw = r.hgetall(SWEEP_KEY.format(id=sweep_id))
-    rec: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
-    for k in ("axes", "fixed"):
-        try:
-            rec[k] = json.loads(rec.get(k) or "{}")
-        except ValueError:
-            rec[k] = {}
-    return rec
+    @property
+    def live(self) -> bool:
+        return self.summary["done"] < self.summary["jobs"]
 
 
 def sweep_info(r: redis.Redis, sweep_id: str, now: float | None = None) -> SweepInfo:
-    """A sweep with every job's row, parameters and meta. NotFoundError for an unknown id."""
-    ids = st.sweep_job_ids(r, sweep_id)
-    rec = _record(r, sweep_id)
-    items = job_items(r, ids)
-    axes = rec.get("axes") if isinstance(rec.get("axes"), dict) else {}
-    fixed = rec.get("fixed") if isinstance(rec.get("fixed"), dict) else {}
+    """A sweep's record, counts and remaining time. NotFoundError for an unknown id."""
+    state = ss.sweep_state(r, sweep_id, now)
+    rec = state.record
+    axes, fixed = rec.get("axes") or {}, rec.get("fixed") or {}
     prompts = [str(p) for p in axes.get("prompt", [])] or ([str(fixed["prompt"])] if "prompt" in fixed else [])
-    if not prompts:
-        prompts = sorted({str(i.params.get("prompt")) for i in items if i.params.get("prompt")})
-    summary = st.summarize([i.row for i in items])
+    prompts = prompts or list(state.facts.prompts)
     created = _float(rec.get("created_at"))
-    now = time.time() if now is None else now
+    summary = state.summary
     elapsed = None
     if created is not None:
-        ends = [i.row.ended_at for i in items if i.row.ended_at]
-        all_done = items and summary["done"] == len(items)
-        elapsed = (max(ends) if all_done and ends else now) - created
-    return SweepInfo(sweep_id, rec, axes, fixed, summary, prompts, created, elapsed, items)
+        all_done = summary["jobs"] and summary["done"] == summary["jobs"]
+        end = state.last_change if all_done and state.last_change else state.now
+        elapsed = max(0.0, end - created)
+    return SweepInfo(sweep_id, rec, axes, fixed, summary, prompts, created, elapsed, state)
 
 
 def all_sweeps(r: redis.Redis, now: float | None = None) -> list[SweepInfo]:
@@ -146,7 +137,51 @@ def all_sweeps(r: redis.Redis, now: float | None = None) -> list[SweepInfo]:
 
 
 def grid_values(info: SweepInfo) -> dict[str, list[Any]]:
-    return axis_values(info.axis_names, [i.params for i in info.items])
+    """Each axis's values over the sweep's jobs, in order of first appearance (from the facts)."""
+    params = info.state.facts.params
+    out: dict[str, dict[Any, None]] = {a: {} for a in info.axis_names}
+    for j in info.state.ids:
+        p = params.get(j)
+        if p is None or j not in info.state.states:
+            continue
+        for a, seen in out.items():
+            seen.setdefault(p.get(a), None)
+    return {a: list(v) for a, v in out.items()}
+
+
+@dataclass
+class Window:
+    """The part of a grid page one view shows: at most MAX_CELLS cells."""
+
+    grid: Grid
+    rpart: int
+    cpart: int
+    rparts: int
+    cparts: int
+    rows: tuple[int, int, int]  # first, last (1-based) and total rows
+    cols: tuple[int, int, int]
+
+
+def sweep_view(r: redis.Redis, info: SweepInfo, layout: Layout, page: int, rpart: int = 0,
+               cpart: int = 0) -> Window:
+    """The grid page `page` of the layout, cut to a window of rows and columns; only the
+    window's jobs are read, and its cells hold their JobItems."""
+    params = info.state.facts.params
+    placed = [(params[j], j) for j in info.state.ids if j in params and j in info.state.states]
+    full = build_grid(placed, grid_values(info), layout, page)
+    nr, nc = len(full.row_keys), len(full.col_keys)
+    cw = max(1, min(nc, MAX_COLS))
+    rh = max(1, MAX_CELLS // cw)
+    rparts, cparts = max(1, -(-nr // rh)), max(1, -(-nc // cw))
+    rpart, cpart = min(max(rpart, 0), rparts - 1), min(max(cpart, 0), cparts - 1)
+    r0, c0 = rpart * rh, cpart * cw
+    cells = {(a - r0, b - c0): v for (a, b), v in full.cells.items() if r0 <= a < r0 + rh and c0 <= b < c0 + cw}
+    ids = [j for v in cells.values() for j in v]
+    by_id = {j.row.id: JobItem(j.row, params.get(j.row.id, {}), j.meta) for j in ss.page_rows(r, info.state, ids)}
+    grid = Grid(layout, full.page_keys, full.page, full.row_keys[r0:r0 + rh], full.col_keys[c0:c0 + cw],
+                {k: [by_id[j] for j in v if j in by_id] for k, v in cells.items()}, full.elsewhere)
+    info.items = list(by_id.values())
+    return Window(grid, rpart, cpart, rparts, cparts, (r0 + 1, min(r0 + rh, nr), nr), (c0 + 1, min(c0 + cw, nc), nc))
 
 
 def _float(v: Any) -> float | None:
@@ -222,7 +257,8 @@ class JobDetail:
 def job_detail(r: redis.Redis, settings: Settings, job_id: str) -> JobDetail:
     """Everything the job page shows. NotFoundError for an unknown id."""
     job = st.fetch_job(r, job_id)
-    item = _item(job)
+    j = st.read_job(r, job_id, payload=True)
+    item = JobItem(j.row, _params(j.payload, j.meta), j.meta)
     doc = read_meta_json(settings, item)
     engine = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
     if not engine:

@@ -1,17 +1,20 @@
 """The dashboard's pages, actions and JSON for live updates.
 
     GET  /                          sweeps list (and recent single jobs)
-    GET  /sweeps/<id>               the X/Y grid (?rows=a,b&cols=c&pages=d&page=N)
+    GET  /sweeps/<id>               the X/Y grid (?rows=a,b&cols=c&pages=d&page=N), a window of
+                                    at most data.MAX_CELLS cells (&rpart=N&cpart=M)
     GET  /jobs/<id>                 one job: parameters, engine, timings, health plot, log
     GET  /workers                   each host's gate now, its rq workers, a history plot
     POST /jobs/<id>/retry|cancel    (CSRF) via h3render.queue.control
     POST /sweeps/<id>/retry|cancel  (CSRF) retry failed jobs / cancel the rest
     GET  /media/<job>/<name>        video.mp4, poster.png, meta.json of a job (Range requests)
-    GET  /api/sweeps/<id>.json, /api/jobs/<id>.json   progress for the pages' scripts
+    GET  /api/sweeps/<id>.json, /api/jobs/<id>.json   progress for the pages' scripts; a sweep's
+                                    takes ?since=T and answers only the jobs changed after T
 """
 
 from __future__ import annotations
 
+import math
 import time
 from urllib.parse import urlsplit
 
@@ -19,10 +22,11 @@ from flask import Blueprint, abort, flash, jsonify, redirect, render_template, r
 
 from h3render.dashboards import charts, data
 from h3render.dashboards.app import state
-from h3render.dashboards.grid import LayoutError, build_grid, choose_layout, label
+from h3render.dashboards.grid import LayoutError, choose_layout, label
 from h3render.dashboards.plots import Series, bar_segments
 from h3render.queue import control
 from h3render.queue import status as st
+from h3render.queue import sweepstatus
 from h3render.queue.errors import NotFoundError
 from h3render.queue.job import JobPhase
 
@@ -57,16 +61,20 @@ def _check_id(ident: str) -> str:
 def sweeps():
     s = state()
     infos = data.all_sweeps(s.r)
-    in_sweeps = {i.id for info in infos for i in info.items}
-    singles = [i for i in data.job_items(s.r, st.recent_job_ids(s.r, s.settings, limit=30))
-               if i.id not in in_sweeps]
-    live = any(info.summary["done"] < info.summary["jobs"] for info in infos) or any(
-        i.row.state not in TERMINAL for i in singles)
+    singles = [i for i in data.job_items(s.r, st.recent_job_ids(s.r, s.settings, limit=30)) if not i.row.sweep_id]
+    live = any(info.live for info in infos) or any(i.row.state not in TERMINAL for i in singles)
     return render_template("sweeps.html", sweeps=infos, singles=singles, live=live, now=time.time())
 
 
 def _split(name: str) -> list[str]:
     return [x for x in request.args.get(name, "").split(",") if x]
+
+
+def _int_arg(name: str) -> int:
+    try:
+        return int(request.args.get(name, "0"))
+    except ValueError:
+        return 0
 
 
 @bp.get("/sweeps/<sweep_id>")
@@ -85,18 +93,19 @@ def sweep(sweep_id: str):
     except LayoutError as e:
         error = str(e)
         layout = choose_layout(names)
-    try:
-        page = int(request.args.get("page", "0"))
-    except ValueError:
-        page = 0
-    values = data.grid_values(info)
-    grid = build_grid([(i.params, i) for i in info.items], values, layout, page)
+    win = data.sweep_view(s.r, info, layout, _int_arg("page"), _int_arg("rpart"), _int_arg("cpart"))
+    grid = win.grid
     base = {"rows": ",".join(layout.rows), "cols": ",".join(layout.cols), "pages": ",".join(layout.pages)}
     page_links = [url_for("dash.sweep", sweep_id=info.id, **base, page=i) for i in range(len(grid.page_keys))]
-    live = any(i.row.state not in TERMINAL for i in info.items)
-    return render_template("sweep.html", info=info, grid=grid, layout=layout, names=names, values=values,
-                           page_links=page_links, error=error, live=live, label=label,
-                           live_url=url_for("dash.sweep_json", sweep_id=info.id),
+
+    def part_link(rpart: int, cpart: int) -> str:
+        return url_for("dash.sweep", sweep_id=info.id, **base, page=grid.page, rpart=rpart, cpart=cpart)
+
+    return render_template("sweep.html", info=info, grid=grid, win=win, part_link=part_link, layout=layout,
+                           names=names, values=data.grid_values(info), page_links=page_links, error=error,
+                           live=info.live, label=label,
+                           live_url=url_for("dash.sweep_json", sweep_id=info.id,
+                                            since=repr(info.state.next_since())),
                            here=request.full_path.rstrip("?"))
 
 
@@ -220,9 +229,28 @@ def _row_json(i: data.JobItem) -> dict:
 
 @bp.get("/api/sweeps/<sweep_id>.json")
 def sweep_json(sweep_id: str):
+    """Counts and rows for the sweep page's polling. ?since=T (the next_since of the previous
+    answer): `jobs` holds only the jobs whose state changed after T; without it, every job.
+    `live` holds the running and abandoned jobs not in `jobs` (their progress moves without
+    a state change)."""
     s = state()
-    info = data.sweep_info(s.r, _check_id(sweep_id))
-    return jsonify(sweep_id=info.id, summary=info.summary, jobs=[_row_json(i) for i in info.items])
+    since = None
+    if "since" in request.args:
+        text = request.args["since"]
+        try:
+            since = float(text)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):
+            return jsonify(error=f"since={text[:40]!r}: not a time; give a number of seconds since the epoch, "
+                                 "the next_since of the previous answer (e.g. since=0 for every change)"), 400
+    p = sweepstatus.poll(s.r, _check_id(sweep_id), since)
+    return jsonify(sweep_id=sweep_id, summary=p.state.summary, since=since, next_since=p.next_since,
+                   jobs=[_read_json(j) for j in p.changed], live=[_read_json(j) for j in p.live])
+
+
+def _read_json(j: st.JobRead) -> dict:
+    return _row_json(data.JobItem(j.row, {}, j.meta))
 
 
 @bp.get("/api/jobs/<job_id>.json")

@@ -55,16 +55,46 @@
     return reload;
   }
 
+  // The sweep page's counts, from the summary every poll carries (the grid shows one window only).
+  function showSummary(sum) {
+    var counts = document.querySelector(".summary .sweep-counts");
+    if (!counts || !sum || !sum.states) { return; }
+    while (counts.firstChild) { counts.removeChild(counts.firstChild); }
+    Object.keys(sum.states).sort().forEach(function (s) {
+      var b = document.createElement("span");
+      b.className = "badge s-" + s;
+      b.textContent = sum.states[s] + " " + s;
+      counts.appendChild(b);
+      counts.appendChild(document.createTextNode(" "));
+    });
+    var done = document.querySelector(".summary .sweep-done");
+    if (done) { done.textContent = sum.done + " / " + sum.jobs + " done"; }
+    var bar = document.querySelector(".summary .sweep-progress .bar > span");
+    if (bar && sum.jobs) { bar.style.width = (100 * sum.done / sum.jobs).toFixed(1) + "%"; }
+  }
+
+  // A sweep's JSON answers with next_since: the next poll asks only for what changed after it.
+  function withSince(u, since) {
+    var parsed = new URL(u, location.href);
+    parsed.searchParams.set("since", String(since));
+    return parsed.pathname + parsed.search;
+  }
+
   function poll() {
     fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}})
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (doc) {
         if (!doc) { return; }
-        var jobs = doc.jobs || [doc];
+        var jobs = (doc.jobs || [doc]).concat(doc.live || []);
         var reload = false;
         jobs.forEach(function (j) { if (update(j)) { reload = true; } });
         var single = document.querySelector(".summary .progress[data-job-id]");
         if (!doc.jobs && single && ["finished", "failed", "canceled"].indexOf(doc.state) >= 0) { reload = true; }
+        if (doc.summary) {
+          showSummary(doc.summary);
+          if (doc.summary.done >= doc.summary.jobs) { reload = true; }
+        }
+        if (doc.next_since !== undefined && doc.next_since !== null) { url = withSince(url, doc.next_since); }
         if (reload) { location.reload(); } else { setTimeout(poll, 1500); }
       })
       .catch(function () { setTimeout(poll, 5000); });
