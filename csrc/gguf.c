@@ -73,6 +73,7 @@ struct gguf_file {
     int64_t n_tensors;
     h3r_tensor *tensors;
     int *by_name;             /* tensor indices sorted by name, for gguf_find */
+    unsigned char *bound;     /* per tensor: 1 once gguf_find returned it (gguf_bound_bytes) */
     char *strings;            /* heap block holding all keys, names and strings */
 };
 
@@ -452,9 +453,10 @@ static int parse(gguf_file *g) {
     g->kv = calloc(n_kv ? n_kv : 1, sizeof(gguf_kv));
     g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(h3r_tensor));
     g->by_name = calloc(n_tensors ? n_tensors : 1, sizeof(int));
+    g->bound = calloc(n_tensors ? n_tensors : 1, 1);
     uint64_t *offsets = calloc(n_tensors ? n_tensors : 1, sizeof(uint64_t));
     const gguf_kv **kvs = calloc(n_kv ? n_kv : 1, sizeof(gguf_kv *));
-    if (!g->strings || !g->kv || !g->tensors || !g->by_name || !offsets || !kvs) {
+    if (!g->strings || !g->kv || !g->tensors || !g->by_name || !g->bound || !offsets || !kvs) {
         free(offsets);
         free(kvs);
         return h3r_seterr(H3R_ERR_NOMEM, "%s: out of memory reading the header (%" PRIu64 " keys, %"
@@ -600,6 +602,7 @@ void gguf_close(gguf_file *g) {
     free(g->kv);
     free(g->tensors);
     free(g->by_name);
+    free(g->bound);
     free(g->strings);
     free(g->path);
     free(g);
@@ -621,10 +624,23 @@ const h3r_tensor *gguf_find(const gguf_file *g, const char *name) {
         int64_t mid = lo + (hi - lo) / 2;
         const h3r_tensor *t = &g->tensors[g->by_name[mid]];
         int r = strcmp(t->name, name);
-        if (r == 0) return t;
+        if (r == 0) {
+            g->bound[g->by_name[mid]] = 1;
+            return t;
+        }
         if (r < 0) lo = mid + 1; else hi = mid - 1;
     }
     return NULL;
+}
+
+/* The header (read at open) and every tensor a loader looked up: the pages of
+ * the mapping a render reads. Tensors no loader asked for (the VAE's encoder
+ * half, say) stay unread and never become resident. */
+size_t gguf_bound_bytes(const gguf_file *g) {
+    size_t bytes = g->data_start;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (g->bound[i]) bytes += g->tensors[i].nbytes;
+    return bytes < g->size ? bytes : g->size;
 }
 
 /* Types a component may use for weights: those the ops have kernels for or

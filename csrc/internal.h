@@ -70,8 +70,10 @@ size_t gguf_mapped_bytes(const gguf_file *g);
 
 int gguf_n_tensors(const gguf_file *g);
 const h3r_tensor *gguf_tensor_at(const gguf_file *g, int i);
-/* NULL if absent (no error is set). */
+/* NULL if absent (no error is set). A tensor found counts as bound. */
 const h3r_tensor *gguf_find(const gguf_file *g, const char *name);
+/* Bytes of the header plus every bound tensor: what a render maps in. */
+size_t gguf_bound_bytes(const gguf_file *g);
 /* Like gguf_find, but fails with a message naming file and tensor when the
  * tensor is missing, has another number of elements than expected (pass -1
  * for "any" per dim, dims in GGML order), or has a type not allowed. */
@@ -97,6 +99,7 @@ int gguf_has_key(const gguf_file *g, const char *key);
  * same for every thread count. */
 typedef struct h3r_pool h3r_pool;
 h3r_pool *h3r_pool_create(int n_threads); /* NULL + error on failure */
+int h3r_pool_threads(int n_threads);      /* the size h3r_pool_create(n_threads) would have */
 void h3r_pool_free(h3r_pool *p);
 int h3r_pool_size(const h3r_pool *p);
 void h3r_pool_run(h3r_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
@@ -109,6 +112,13 @@ void h3r_pool_run(h3r_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ct
  * supported type; b is NULL or an F32 tensor of M elements. */
 int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W,
               const h3r_tensor *b, int64_t N);
+
+/* Bytes op_matmul allocates, and frees before it returns, for N rows against a
+ * weight of `type` with K inputs on a pool of nth threads: the quantized
+ * activations of the integer path, or the per-thread weight-row copies of the
+ * float path. op_matmul sizes its allocation with it; so does the memory
+ * estimate (engine.c). */
+int64_t op_matmul_scratch_bytes(int type, int64_t K, int64_t N, int nth);
 
 /* In place over rows of x (N, D).  w, b may be NULL (no affine). */
 void op_layernorm(float *x, int64_t N, int64_t D, const float *w, const float *b, float eps);
@@ -127,6 +137,9 @@ void op_mul(float *y, const float *x, int64_t n);       /* y *= x */
  * Memory use is O(Nq*H*Dh + tile), never Nq*Nk, when bias is NULL. */
 int op_attention(h3r_pool *p, float *out, const float *q, const float *k, const float *v,
                  int64_t Nq, int64_t Nk, int H, int Dh, float scale, const float *bias);
+
+/* Bytes op_attention allocates (per-thread tiles) for head dim Dh on nth threads. */
+int64_t op_attention_scratch_bytes(int Dh, int nth);
 
 /* Read an F32 tensor's data, or fail naming the tensor if it is not F32. */
 int tensor_f32(const h3r_tensor *t, const float **out);

@@ -31,6 +31,12 @@ void wan_dit_patch_size(const wan_dit *m, int patch[3]);  /* (t, y, x) */
 int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T, int Y, int X,
                     float timestep, const float *context, int L, float *out,
                     h3r_tap_fn tap, void *tap_user);
+/* 0, or H3R_ERR_INVALID naming the bad value: the shape checks of the forward. */
+int wan_dit_check_shape(const wan_dit *m, int C, int T, int Y, int X, int L);
+/* Floats of the forward's scratch block (-1 on overflow), and every byte one
+ * forward allocates on nth threads: that block plus the largest op scratch. */
+int64_t wan_dit_scratch_floats(const wan_dit *m, int T, int Y, int X, int L);
+int64_t wan_dit_forward_bytes(const wan_dit *m, int T, int Y, int X, int L, int nth);
 
 /* ---------------------------------------------------------------- UMT5
  * transformers UMT5EncoderModel.  ids (n,) -> out (n, d_model), final norm applied. */
@@ -41,6 +47,10 @@ int umt5_d_model(const umt5 *m);
 int umt5_vocab_size(const umt5 *m);
 int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *out,
                 h3r_tap_fn tap, void *tap_user);
+/* 0, or H3R_ERR_INVALID: the token checks of umt5_encode. */
+int umt5_check_ids(const umt5 *m, const int32_t *ids, int n);
+/* Every byte one umt5_encode of n tokens allocates on nth threads. */
+int64_t umt5_encode_bytes(const umt5 *m, int n, int nth);
 
 /* ---------------------------------------------------------------- VAE
  * diffusers AutoencoderKLWan decoder path (post_quant_conv + decoder), with the
@@ -58,6 +68,11 @@ const float *wan_vae_latents_std(const wan_vae *m);
 int wan_vae_decode(const wan_vae *m, h3r_pool *p, const float *z, int C, int T, int Y, int X,
                    float *out, int (*progress)(void *user, int done, int total), void *user,
                    h3r_tap_fn tap, void *tap_user);
+/* 0, or H3R_ERR_INVALID naming the bad value: the shape checks of the decode. */
+int wan_vae_check_shape(const wan_vae *m, int C, int T, int Y, int X);
+/* Every byte one decode of (T, Y, X) latents allocates on nth threads (with_tap:
+ * with a tap set), the output video aside; -1 when even the count fails. */
+int64_t wan_vae_decode_bytes(const wan_vae *m, int T, int Y, int X, int nth, int with_tap);
 
 /* ---------------------------------------------------------------- sampler
  * Flow-matching samplers, exactly as diffusers' FlowMatchEulerDiscreteScheduler
@@ -67,6 +82,10 @@ int wan_vae_decode(const wan_vae *m, h3r_pool *p, const float *z, int C, int T, 
 typedef struct h3r_sampler h3r_sampler;
 int sampler_create(int kind, int steps, float shift, int64_t n, h3r_sampler **out);
 void sampler_free(h3r_sampler *s);
+/* (n,) history buffers sampler_create allocates for `kind`, and every byte a
+ * sampler of `steps` steps over n elements holds (struct, schedule, history). */
+int sampler_history_buffers(int kind);
+int64_t sampler_bytes(int kind, int steps, int64_t n);
 const float *sampler_sigmas(const h3r_sampler *s);      /* (steps + 1,) */
 const float *sampler_timesteps(const h3r_sampler *s);   /* (steps,) model timestep input */
 /* Advance x (n,) in place by one step given the model's flow prediction v (n,). */

@@ -597,6 +597,34 @@ static void qmm_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* Activations quantized to q8 blocks: (N, nb). */
+static size_t qmm_xq_bytes(int64_t N, int64_t nb) { return (size_t)N * (size_t)nb * sizeof(blk_q8x); }
+
+/* The Q8_0 GEMM's prepared activation rows, or 0 where that path is not taken. */
+static size_t qmm_xp_bytes(int type, int64_t N, int64_t nb) {
+    size_t prep;
+    if (type != GGML_TYPE_Q8_0 || h3r_ops_force_ref || N < 4 || (prep = q8_gemm_prep_bytes(nb)) == 0 ||
+        (uint64_t)N > SIZE_MAX / prep)
+        return 0;
+    return (size_t)N * prep;
+}
+
+/* The float path's per-thread weight-row copies (converted F16 rows, packed or
+ * padded F32 rows), or 0 where the rows are read in place. */
+static size_t mm_rows_bytes(int type, int64_t K, int nth) {
+    if (type == GGML_TYPE_F32 && !MM_PACK && !MM_COPY_F32) return 0;
+    return (size_t)nth * (MM_PACK + 1) * MM_JB * (size_t)(K + MM_PAD) * sizeof(float);
+}
+
+int64_t op_matmul_scratch_bytes(int type, int64_t K, int64_t N, int nth) {
+    if (N <= 0) return 0;
+    if (quant_is_matmul_type(type)) {
+        int64_t nb = K / QK8X;
+        return (int64_t)(qmm_xq_bytes(N, nb) + qmm_xp_bytes(type, N, nb));
+    }
+    return (int64_t)mm_rows_bytes(type, K, nth);
+}
+
 /* Quantized branch of op_matmul; arguments already checked. */
 static int matmul_quant(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const float *b,
                         int64_t N) {
@@ -609,16 +637,17 @@ static int matmul_quant(h3r_pool *p, float *y, const float *x, const h3r_tensor 
     int64_t nb = K / QK8X;
     if ((uint64_t)N > SIZE_MAX / sizeof(blk_q8x) / (uint64_t)nb)
         return h3r_seterr(H3R_ERR_NOMEM, "matmul: %lld x %lld activations overflow", (long long)N, (long long)K);
-    blk_q8x *xq = malloc((size_t)N * (size_t)nb * sizeof(blk_q8x));
+    blk_q8x *xq = malloc(qmm_xq_bytes(N, nb));
     if (!xq)
         return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory quantizing %lld x %lld activations",
                           (long long)N, (long long)K);
     qmm_ctx c = {y, x, xq, W->data, ggml_type_nbytes(W->type, K), W->type, b, N, K, M, nb,
                  h3r_ops_force_ref, NULL, 0};
     /* Q8_0 with 4- and 8-row tiles: activation rows prepared once for the AVX-512 GEMM */
-    if (W->type == GGML_TYPE_Q8_0 && !c.ref && N >= 4 && (c.prep = q8_gemm_prep_bytes(nb)) > 0 &&
-        (uint64_t)N <= SIZE_MAX / c.prep) {
-        c.xp = malloc((size_t)N * c.prep);   /* NULL: fall back to vec_dot */
+    size_t xp_bytes = qmm_xp_bytes(W->type, N, nb);
+    if (xp_bytes > 0) {
+        c.prep = q8_gemm_prep_bytes(nb);
+        c.xp = malloc(xp_bytes);   /* NULL: fall back to vec_dot */
     }
     h3r_pool_run(p, qmm_quantize_worker, &c);
     h3r_pool_run(p, qmm_worker, &c);
@@ -657,8 +686,9 @@ int op_matmul(h3r_pool *p, float *y, const float *x, const h3r_tensor *W, const 
     if (quant_is_matmul_type(W->type)) return matmul_quant(p, y, x, W, b ? (const float *)b->data : NULL, N);
     int nth = h3r_pool_size(p);
     float *scratch = NULL;
-    if (W->type != GGML_TYPE_F32 || MM_PACK || MM_COPY_F32) {
-        scratch = malloc((size_t)nth * (MM_PACK + 1) * MM_JB * (size_t)(K + MM_PAD) * sizeof(float));
+    size_t rows_bytes = mm_rows_bytes(W->type, K, nth);
+    if (rows_bytes > 0) {
+        scratch = malloc(rows_bytes);
         if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "matmul: out of memory (%d x %d x %lld floats)",
                                         nth, MM_JB, (long long)K);
     }
@@ -1111,6 +1141,15 @@ static void attention_tile(const att_ctx *c, float *ws, int h, int64_t i0, int b
     }
 }
 
+/* One thread's tiles: S (BQ, BK), O and qp (BQ, Dh), m and l (BQ). */
+static size_t att_per_thread_floats(int Dh) {
+    return (size_t)ATT_BQ * ATT_BK + 2 * (size_t)ATT_BQ * Dh + 2 * ATT_BQ;
+}
+
+int64_t op_attention_scratch_bytes(int Dh, int nth) {
+    return (int64_t)((size_t)nth * att_per_thread_floats(Dh) * sizeof(float));
+}
+
 /* Work items (head, query tile) numbered h * n_qt + t, split contiguously. */
 static void attention_worker(void *arg, int ith, int nth) {
     att_ctx *c = arg;
@@ -1138,8 +1177,8 @@ int op_attention(h3r_pool *p, float *out, const float *q, const float *k, const 
                           "(need Nq >= 0, Nk, H, Dh >= 1)", (long long)Nq, (long long)Nk, H, Dh);
     if (Nq == 0) return 0;
     int nth = h3r_pool_size(p);
-    size_t per = (size_t)ATT_BQ * ATT_BK + 2 * (size_t)ATT_BQ * Dh + 2 * ATT_BQ;   /* S, O, qp, m, l */
-    float *scratch = malloc((size_t)nth * per * sizeof(float));
+    size_t per = att_per_thread_floats(Dh);
+    float *scratch = malloc((size_t)op_attention_scratch_bytes(Dh, nth));
     if (!scratch) return h3r_seterr(H3R_ERR_NOMEM, "attention: out of memory (Dh=%d, %d threads)", Dh, nth);
     att_ctx c = {out, q, k, v, bias, Nq, Nk, H, Dh, scale, (Nq + ATT_BQ - 1) / ATT_BQ, scratch, per,
                  h3r_ops_force_ref};

@@ -142,6 +142,15 @@ H3R_API int h3r_schedule(int sampler, int steps, float shift, float *sigmas, flo
 
 /* ---------------------------------------------------------------- sampler */
 
+/* Latent-sized (n,) buffers a sampler keeps for its whole run: UniPC's
+ * m_last, m_prev, m_new and last_sample; none for Euler. */
+int sampler_history_buffers(int kind) { return kind == H3R_SAMPLER_UNIPC ? 4 : 0; }
+
+int64_t sampler_bytes(int kind, int steps, int64_t n) {
+    return (int64_t)sizeof(h3r_sampler) + (2 * (int64_t)steps + 1) * (int64_t)sizeof(float) +
+           sampler_history_buffers(kind) * n * (int64_t)sizeof(float);
+}
+
 /* Make a sampler for `steps` steps over latents of n elements. On success
  * *out owns its schedule and (UniPC) four (n,) history buffers; returns 0.
  * On failure *out is NULL and a negative code is returned. */
@@ -161,13 +170,9 @@ int sampler_create(int kind, int steps, float shift, int64_t n, h3r_sampler **ou
     s->timesteps = malloc((size_t)steps * sizeof(float));
     if (!s->sigmas || !s->timesteps) goto nomem;
     h3r_schedule(kind, steps, shift, s->sigmas, s->timesteps);
-    if (kind == H3R_SAMPLER_UNIPC) {
-        s->m_last = malloc((size_t)n * sizeof(float));
-        s->m_prev = malloc((size_t)n * sizeof(float));
-        s->m_new = malloc((size_t)n * sizeof(float));
-        s->last_sample = malloc((size_t)n * sizeof(float));
-        if (!s->m_last || !s->m_prev || !s->m_new || !s->last_sample) goto nomem;
-    }
+    float **history[4] = {&s->m_last, &s->m_prev, &s->m_new, &s->last_sample};
+    for (int i = 0; i < sampler_history_buffers(kind); i++)
+        if (!(*history[i] = malloc((size_t)n * sizeof(float)))) goto nomem;
     *out = s;
     return 0;
 nomem:

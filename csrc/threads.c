@@ -60,17 +60,22 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-/*
- * Create a pool of n_threads (including the calling thread). n_threads <= 0
- * means one per online CPU; counts are capped at H3R_MAX_THREADS. Returns
- * NULL with an error set if threads cannot be created.
- */
-h3r_pool *h3r_pool_create(int n_threads) {
+/* The size of a pool asked for n_threads: n_threads <= 0 means one per online
+ * CPU; counts are capped at H3R_MAX_THREADS. */
+int h3r_pool_threads(int n_threads) {
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)(c < H3R_MAX_THREADS ? c : H3R_MAX_THREADS) : 1;
     }
-    if (n_threads > H3R_MAX_THREADS) n_threads = H3R_MAX_THREADS;
+    return n_threads > H3R_MAX_THREADS ? H3R_MAX_THREADS : n_threads;
+}
+
+/*
+ * Create a pool of h3r_pool_threads(n_threads) threads (including the calling
+ * thread). Returns NULL with an error set if threads cannot be created.
+ */
+h3r_pool *h3r_pool_create(int n_threads) {
+    n_threads = h3r_pool_threads(n_threads);
     h3r_pool *p = calloc(1, sizeof(*p));
     if (!p) { h3r_seterr(H3R_ERR_NOMEM, "thread pool: out of memory"); return NULL; }
     p->n = n_threads;

@@ -278,14 +278,9 @@ static void norm_into(float *dst, const float *src, int64_t n, int64_t D, const 
     op_rmsnorm(dst, n, D, w, eps);
 }
 
-/* Encode n token ids into out (n, d_model), final norm applied.
- * Returns 0; H3R_ERR_INVALID naming the position, id and vocabulary size for an id
- * outside [0, vocab), or for n outside [0, 65536]; H3R_ERR_NOMEM if scratch cannot
- * be allocated. Scratch is allocated here and freed before return; out is written
- * only on success paths (partially on failure). Calls tap (if not NULL) with
- * "umt5.embed", "umt5.block.<i>" (residual stream after block i) and "umt5.final". */
-int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *out,
-                h3r_tap_fn tap, void *tap_user) {
+/* 0, or H3R_ERR_INVALID naming the problem: n outside [0, 65536], or an id
+ * outside the vocabulary. umt5_encode checks with it; so does the estimate. */
+int umt5_check_ids(const umt5 *m, const int32_t *ids, int n) {
     if (n < 0 || n > UMT5_MAX_TOKENS)
         return h3r_seterr(H3R_ERR_INVALID, "umt5: token count n = %d must be in [0, %d]", n,
                           UMT5_MAX_TOKENS);
@@ -294,28 +289,80 @@ int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *ou
             return h3r_seterr(H3R_ERR_INVALID, "umt5: token id %d at position %d is outside the "
                               "vocabulary: ids must be in [0, %d) (vocab_size %d)", (int)ids[i],
                               i, m->vocab, m->vocab);
+    return 0;
+}
+
+/* Scratch of one encode of n tokens, buffer by buffer: the table umt5_encode
+ * allocates from and the estimate sums. Float buffers, then the bucket ints. */
+enum {
+    US_X,      /* (n, D) residual stream */
+    US_H,      /* (n, D) normed input */
+    US_Y,      /* (n, D) sublayer output */
+    US_Q,      /* (n, H*Dh) */
+    US_K,      /* (n, H*Dh) */
+    US_V,      /* (n, H*Dh) */
+    US_A,      /* (n, H*Dh) attention output */
+    US_G0,     /* (n, F) gelu branch */
+    US_G1,     /* (n, F) linear branch */
+    US_BIAS,   /* (H, n, n) */
+    US_TABLE,  /* (B, H) one layer's table */
+    US_FLOATS,
+    US_BUCKET = US_FLOATS, /* (2n-1,) ints by rel + n-1 */
+    US_PARTS
+};
+
+static void encode_sizes(const umt5 *m, int64_t N, size_t sz[US_PARTS]) {
+    const int64_t D = m->d_model, F = m->d_ff, H = m->n_heads, HD = (int64_t)m->n_heads * m->d_kv;
+    sz[US_X] = sz[US_H] = sz[US_Y] = (size_t)(N * D) * sizeof(float);
+    sz[US_Q] = sz[US_K] = sz[US_V] = sz[US_A] = (size_t)(N * HD) * sizeof(float);
+    sz[US_G0] = sz[US_G1] = (size_t)(N * F) * sizeof(float);
+    sz[US_BIAS] = (size_t)(H * N * N) * sizeof(float);
+    sz[US_TABLE] = (size_t)(m->num_buckets * H) * sizeof(float);
+    sz[US_BUCKET] = (size_t)(2 * N - 1) * sizeof(int);
+}
+
+int64_t umt5_encode_bytes(const umt5 *m, int n, int nth) {
+    if (n <= 0) return 0;
+    size_t sz[US_PARTS];
+    encode_sizes(m, n, sz);
+    int64_t total = 0, ops = op_attention_scratch_bytes(m->d_kv, nth);
+    for (int i = 0; i < US_PARTS; i++) total += (int64_t)sz[i];
+    for (int li = 0; li < m->n_layers; li++) {
+        const umt5_layer *L = &m->layers[li];
+        const h3r_tensor *w[] = {L->q, L->k, L->v, L->o, L->wi0, L->wi1, L->wo};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+            int64_t b = op_matmul_scratch_bytes(w[i]->type, w[i]->ne[0], n, nth);
+            if (b > ops) ops = b;
+        }
+    }
+    return total + ops;
+}
+
+/* Encode n token ids into out (n, d_model), final norm applied.
+ * Returns 0; H3R_ERR_INVALID naming the position, id and vocabulary size for an id
+ * outside [0, vocab), or for n outside [0, 65536]; H3R_ERR_NOMEM if scratch cannot
+ * be allocated. Scratch is allocated here and freed before return; out is written
+ * only on success paths (partially on failure). Calls tap (if not NULL) with
+ * "umt5.embed", "umt5.block.<i>" (residual stream after block i) and "umt5.final". */
+int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *out,
+                h3r_tap_fn tap, void *tap_user) {
+    int rc = umt5_check_ids(m, ids, n);
+    if (rc < 0) return rc;
     if (n == 0) return 0;
 
-    const int64_t D = m->d_model, F = m->d_ff, H = m->n_heads, HD = (int64_t)m->n_heads * m->d_kv;
+    const int64_t D = m->d_model, F = m->d_ff, H = m->n_heads;
     const int64_t B = m->num_buckets;
     const int64_t N = n;
-    /* scratch, sized once for this call */
-    size_t sz_x = (size_t)(N * D), sz_hd = (size_t)(N * HD), sz_f = (size_t)(N * F);
-    size_t sz_bias = (size_t)(H * N * N);
-    float *x = malloc(sz_x * sizeof(float));       /* (n, D) residual stream */
-    float *h = malloc(sz_x * sizeof(float));       /* (n, D) normed input */
-    float *y = malloc(sz_x * sizeof(float));       /* (n, D) sublayer output */
-    float *q = malloc(sz_hd * sizeof(float));      /* (n, H*Dh) */
-    float *k = malloc(sz_hd * sizeof(float));      /* (n, H*Dh) */
-    float *v = malloc(sz_hd * sizeof(float));      /* (n, H*Dh) */
-    float *a = malloc(sz_hd * sizeof(float));      /* (n, H*Dh) attention output */
-    float *g0 = malloc(sz_f * sizeof(float));      /* (n, F) gelu branch */
-    float *g1 = malloc(sz_f * sizeof(float));      /* (n, F) linear branch */
-    float *bias = malloc(sz_bias * sizeof(float)); /* (H, n, n) */
-    int *bucket = malloc((size_t)(2 * N - 1) * sizeof(int)); /* (2n-1,) by rel + n-1 */
-    float *table = malloc((size_t)(B * H) * sizeof(float));  /* (B, H) one layer's table */
-    int rc = 0;
-    if (!x || !h || !y || !q || !k || !v || !a || !g0 || !g1 || !bias || !bucket || !table) {
+    size_t sz[US_PARTS];
+    encode_sizes(m, N, sz);
+    void *buf[US_PARTS];
+    int ok = 1;
+    for (int i = 0; i < US_PARTS; i++) ok &= (buf[i] = malloc(sz[i])) != NULL;
+    float *x = buf[US_X], *h = buf[US_H], *y = buf[US_Y];
+    float *q = buf[US_Q], *k = buf[US_K], *v = buf[US_V], *a = buf[US_A];
+    float *g0 = buf[US_G0], *g1 = buf[US_G1], *bias = buf[US_BIAS], *table = buf[US_TABLE];
+    int *bucket = buf[US_BUCKET];
+    if (!ok) {
         rc = h3r_seterr(H3R_ERR_NOMEM, "umt5: out of memory for scratch of %d tokens", n);
         goto done;
     }
@@ -376,7 +423,6 @@ int umt5_encode(const umt5 *m, h3r_pool *p, const int32_t *ids, int n, float *ou
     if (tap) tap(tap_user, "umt5.final", out, N * D);
 
 done:
-    free(x); free(h); free(y); free(q); free(k); free(v); free(a);
-    free(g0); free(g1); free(bias); free(bucket); free(table);
+    for (int i = 0; i < US_PARTS; i++) free(buf[i]);
     return rc;
 }

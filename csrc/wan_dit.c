@@ -555,19 +555,13 @@ static int attention_layer(const wan_dit *m, h3r_pool *p, const wan_attn *a,
 /* ---------------------------------------------------------------- forward */
 
 /*
- * One DiT forward: x (C, T, Y, X), a scalar timestep and context (L, Dt)
- * -> out (Co, T, Y, X), the flow prediction. T, Y, X must be multiples of
- * the patch size and the token grid must fit the rope table. Allocates one
- * scratch block sized from (N, D, F, L), frees it before returning. Calls tap
- * (if non-NULL) with each named stage. Returns 0, or a negative code with a
- * message: H3R_ERR_INVALID for bad arguments, H3R_ERR_NOMEM, or an op error.
+ * Check a forward's shapes: C the model's in_channels; T, Y, X positive
+ * multiples of the patch size whose token grid fits the rope table; L in
+ * [1, 2^20]. Returns 0, or H3R_ERR_INVALID with a message naming the value.
+ * The forward calls it, and so does the engine's estimate, so a bad size gets
+ * one message from both.
  */
-int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T, int Y, int X,
-                    float timestep, const float *context, int L, float *out,
-                    h3r_tap_fn tap, void *tap_user) {
-    const int pt = m->patch[0], py = m->patch[1], px = m->patch[2];
-    if (!x || !context || !out)
-        return h3r_seterr(H3R_ERR_INVALID, "dit forward: x, context and out must not be NULL");
+int wan_dit_check_shape(const wan_dit *m, int C, int T, int Y, int X, int L) {
     if (C != m->in_ch)
         return h3r_seterr(H3R_ERR_INVALID, "dit forward: x has %d channels; %s wants "
                           "in_channels = %d", C, m->path, m->in_ch);
@@ -585,36 +579,137 @@ int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T,
     if (L < 1 || L > (1 << 20))
         return h3r_seterr(H3R_ERR_INVALID, "dit forward: context length %d must be in [1, %d]",
                           L, 1 << 20);
+    return 0;
+}
+
+/* The forward's scratch block, part by part, in floats: the one table the
+ * forward carves its buffers from and the estimate sums. */
+enum {
+    DS_PATCHES, /* (N, P) patch vectors */
+    DS_H,       /* (N, D) hidden states */
+    DS_NRM,     /* (N, D) normed input of a sub-layer, attention output */
+    DS_Q,       /* (N, D) q, sub-layer output */
+    DS_K,       /* (max(N, L), D) */
+    DS_V,       /* (max(N, L), D) */
+    DS_CTX,     /* (L, D) embedded context */
+    DS_FF,      /* (R, F) FFN hidden for R rows */
+    DS_RCOS,    /* (N, Dh/2) rope cos */
+    DS_RSIN,    /* (N, Dh/2) rope sin */
+    DS_TFREQ,   /* (Fq) timestep sinusoid */
+    DS_T1,      /* (D) */
+    DS_TEMB,    /* (D) */
+    DS_TPROJ,   /* (6, D) */
+    DS_ONEP,    /* (D) */
+    DS_RAX,     /* (gt + gy + gx, Dh) rope per-axis cos, sin (<= Dh/2 each) */
+    DS_PROJ,    /* (N, Po) output patches */
+    DS_PARTS
+};
+
+/* Token grid of a checked shape. */
+static void token_grid(const wan_dit *m, int T, int Y, int X, int *gt, int *gy, int *gx) {
+    *gt = T / m->patch[0];
+    *gy = Y / m->patch[1];
+    *gx = X / m->patch[2];
+}
+
+static void scratch_sizes(const wan_dit *m, int T, int Y, int X, int L, int64_t sz[DS_PARTS]) {
+    int gt, gy, gx;
+    token_grid(m, T, Y, X, &gt, &gy, &gx);
+    const int64_t N = (int64_t)gt * gy * gx, D = m->dim, F = m->ffn_dim;
+    const int64_t ps = (int64_t)m->patch[0] * m->patch[1] * m->patch[2];
+    const int64_t NL = N > L ? N : L, R = N < WAN_FFN_ROWS ? N : WAN_FFN_ROWS;
+    sz[DS_PATCHES] = N * m->in_ch * ps;
+    sz[DS_H] = sz[DS_NRM] = sz[DS_Q] = N * D;
+    sz[DS_K] = sz[DS_V] = NL * D;
+    sz[DS_CTX] = (int64_t)L * D;
+    sz[DS_FF] = R * F;
+    sz[DS_RCOS] = sz[DS_RSIN] = N * (m->head_dim / 2);
+    sz[DS_TFREQ] = m->freq_dim;
+    sz[DS_T1] = sz[DS_TEMB] = sz[DS_ONEP] = D;
+    sz[DS_TPROJ] = 6 * D;
+    sz[DS_RAX] = (int64_t)(gt + gy + gx) * m->head_dim;
+    sz[DS_PROJ] = N * m->out_ch * ps;
+}
+
+int64_t wan_dit_scratch_floats(const wan_dit *m, int T, int Y, int X, int L) {
+    int64_t sz[DS_PARTS], total = 0;
+    scratch_sizes(m, T, Y, X, L, sz);
+    for (int i = 0; i < DS_PARTS; i++) {
+        if (sz[i] < 0 || total > INT64_MAX / 8 - sz[i]) return -1;
+        total += sz[i];
+    }
+    return total;
+}
+
+/* Largest scratch one op of the forward allocates on top of the block: every
+ * matmul with the rows it is called with, and the attention tiles. */
+static int64_t op_scratch_max(const wan_dit *m, int64_t N, int L, int nth) {
+    const int64_t R = N < WAN_FFN_ROWS ? N : WAN_FFN_ROWS;
+    struct { const h3r_tensor *w; int64_t rows; } mm[] = {
+        {m->patch_w, N}, {m->time1_w, 1}, {m->time2_w, 1}, {m->tproj_w, 1},
+        {m->text1_w, L}, {m->text2_w, L}, {m->proj_w, N},
+    };
+    int64_t mx = op_attention_scratch_bytes(m->head_dim, nth);
+#define MM_MAX(W, rows)                                                                 \
+    do {                                                                                \
+        int64_t b_ = op_matmul_scratch_bytes((W)->type, (W)->ne[0], (rows), nth);       \
+        if (b_ > mx) mx = b_;                                                           \
+    } while (0)
+    for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) MM_MAX(mm[i].w, mm[i].rows);
+    for (int i = 0; i < m->n_layers; i++) {
+        const wan_block *b = &m->blocks[i];
+        const wan_attn *a[2] = {&b->self, &b->cross};
+        for (int s = 0; s < 2; s++) {
+            MM_MAX(a[s]->q_w, N);
+            MM_MAX(a[s]->k_w, s ? L : N);
+            MM_MAX(a[s]->v_w, s ? L : N);
+            MM_MAX(a[s]->o_w, N);
+        }
+        MM_MAX(b->up_w, R);
+        MM_MAX(b->down_w, R);
+    }
+#undef MM_MAX
+    return mx;
+}
+
+int64_t wan_dit_forward_bytes(const wan_dit *m, int T, int Y, int X, int L, int nth) {
+    int64_t floats = wan_dit_scratch_floats(m, T, Y, X, L);
+    if (floats < 0 || floats > INT64_MAX / 8) return -1;
+    int gt, gy, gx;
+    token_grid(m, T, Y, X, &gt, &gy, &gx);
+    return floats * (int64_t)sizeof(float) + op_scratch_max(m, (int64_t)gt * gy * gx, L, nth);
+}
+
+/*
+ * One DiT forward: x (C, T, Y, X), a scalar timestep and context (L, Dt)
+ * -> out (Co, T, Y, X), the flow prediction. The shapes must pass
+ * wan_dit_check_shape. Allocates one scratch block laid out by scratch_sizes,
+ * frees it before returning. Calls tap (if non-NULL) with each named stage.
+ * Returns 0, or a negative code with a message: H3R_ERR_INVALID for bad
+ * arguments, H3R_ERR_NOMEM, or an op error.
+ */
+int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T, int Y, int X,
+                    float timestep, const float *context, int L, float *out,
+                    h3r_tap_fn tap, void *tap_user) {
+    const int pt = m->patch[0], py = m->patch[1], px = m->patch[2];
+    if (!x || !context || !out)
+        return h3r_seterr(H3R_ERR_INVALID, "dit forward: x, context and out must not be NULL");
+    int rc = wan_dit_check_shape(m, C, T, Y, X, L);
+    if (rc < 0) return rc;
     if (!isfinite(timestep))
         return h3r_seterr(H3R_ERR_INVALID, "dit forward: timestep is not finite");
 
-    const int gt = T / pt, gy = Y / py, gx = X / px;
+    int gt, gy, gx;
+    token_grid(m, T, Y, X, &gt, &gy, &gx);
     const int64_t N = (int64_t)gt * gy * gx, D = m->dim, F = m->ffn_dim;
     const int64_t P = (int64_t)C * pt * py * px, Po = (int64_t)m->out_ch * pt * py * px;
-    const int64_t NL = N > L ? N : L;
     const int64_t R = N < WAN_FFN_ROWS ? N : WAN_FFN_ROWS;
 
-    /* scratch layout, in floats */
-    const int64_t sizes[] = {
-        N * P,          /* patches (N, P) */
-        N * D,          /* h   (N, D) hidden states */
-        N * D,          /* nrm (N, D) normed input of a sub-layer, attention output */
-        N * D,          /* q   (N, D), sub-layer output */
-        NL * D,         /* k   (max(N, L), D) */
-        NL * D,         /* v   (max(N, L), D) */
-        (int64_t)L * D, /* ctx (L, D) embedded context */
-        R * F,          /* ff  (R, F) FFN hidden for R rows */
-        N * (m->head_dim / 2) * 2, /* rope cos, sin (N, Dh/2) each */
-        m->freq_dim + 9 * D,       /* tfreq (Fq), t1 (D), temb (D), tproj (6D), onep (D) */
-        (int64_t)(gt + gy + gx) * m->head_dim, /* rope per-axis cos, sin (<= Dh/2 each) */
-        N * Po,         /* proj (N, Po) output patches */
-    };
-    int64_t total = 0;
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        if (sizes[i] < 0 || total > INT64_MAX / 8 - sizes[i])
-            return h3r_seterr(H3R_ERR_NOMEM, "dit forward: scratch size overflows");
-        total += sizes[i];
-    }
+    int64_t sz[DS_PARTS];
+    scratch_sizes(m, T, Y, X, L, sz);
+    const int64_t total = wan_dit_scratch_floats(m, T, Y, X, L);
+    if (total < 0)
+        return h3r_seterr(H3R_ERR_NOMEM, "dit forward: scratch size overflows");
     if ((uint64_t)total > SIZE_MAX / sizeof(float))
         return h3r_seterr(H3R_ERR_NOMEM, "dit forward: scratch of %lld floats does not fit memory",
                           (long long)total);
@@ -622,13 +717,15 @@ int wan_dit_forward(const wan_dit *m, h3r_pool *p, const float *x, int C, int T,
     if (!buf)
         return h3r_seterr(H3R_ERR_NOMEM, "dit forward: cannot allocate %lld MB of scratch for "
                           "%lld tokens", (long long)(total * 4 >> 20), (long long)N);
-    float *patches = buf, *h = patches + N * P, *nrm = h + N * D, *q = nrm + N * D;
-    float *k = q + N * D, *v = k + NL * D, *ctx = v + NL * D, *ff = ctx + (int64_t)L * D;
-    float *rcos = ff + R * F, *rsin = rcos + N * (m->head_dim / 2);
-    float *tfreq = rsin + N * (m->head_dim / 2), *t1 = tfreq + m->freq_dim, *temb = t1 + D;
-    float *tproj = temb + D, *onep = tproj + 6 * D, *rax = onep + D;
-    float *proj = rax + (int64_t)(gt + gy + gx) * m->head_dim;
-    int rc = 0;
+    float *part[DS_PARTS];
+    part[0] = buf;
+    for (int i = 1; i < DS_PARTS; i++) part[i] = part[i - 1] + sz[i - 1];
+    float *patches = part[DS_PATCHES], *h = part[DS_H], *nrm = part[DS_NRM], *q = part[DS_Q];
+    float *k = part[DS_K], *v = part[DS_V], *ctx = part[DS_CTX], *ff = part[DS_FF];
+    float *rcos = part[DS_RCOS], *rsin = part[DS_RSIN];
+    float *tfreq = part[DS_TFREQ], *t1 = part[DS_T1], *temb = part[DS_TEMB];
+    float *tproj = part[DS_TPROJ], *onep = part[DS_ONEP], *rax = part[DS_RAX];
+    float *proj = part[DS_PROJ];
     char name[48];
 
     /* patchify: patches (N, P), P index = ((c*pt + kt)*py + ky)*px + kx */

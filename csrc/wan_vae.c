@@ -417,6 +417,7 @@ typedef struct {
     float *col;              /* im2col tile, col_cap floats */
     int64_t col_cap;
     vae_cache *caches;       /* n_slots, allocated on first use */
+    const int64_t *slot_frame; /* n_slots: P * cin of each slot's conv (cache_frames) */
     int slot;                /* next cache slot in this chunk (diffusers' feat_idx) */
     int chunk;               /* latent frame index */
 } vae_run;
@@ -492,14 +493,18 @@ static int next_cache(vae_run *run, int64_t P, int cin, vae_cache **out) {
     if (run->slot >= run->m->n_slots)
         return h3r_seterr(H3R_ERR_INTERNAL, "%s: VAE cache slot %d of %d", run->m->path, run->slot,
                           run->m->n_slots);
-    vae_cache *c = &run->caches[run->slot++];
+    vae_cache *c = &run->caches[run->slot];
     if (!c->buf) {
-        c->frame = P * cin;
+        c->frame = run->slot_frame[run->slot];
+        if (c->frame != P * cin)
+            return h3r_seterr(H3R_ERR_INTERNAL, "%s: VAE cache slot %d is %lld floats a frame; its conv "
+                              "reads %lld", run->m->path, run->slot, (long long)c->frame, (long long)(P * cin));
         c->buf = calloc((size_t)(2 * c->frame), sizeof(float));
         if (!c->buf) return h3r_seterr(H3R_ERR_NOMEM, "%s: out of memory for the VAE cache", run->m->path);
     } else if (c->frame != P * cin) {
-        return h3r_seterr(H3R_ERR_INTERNAL, "%s: VAE cache slot %d changed size", run->m->path, run->slot - 1);
+        return h3r_seterr(H3R_ERR_INTERNAL, "%s: VAE cache slot %d changed size", run->m->path, run->slot);
     }
+    run->slot++;
     *out = c;
     return 0;
 }
@@ -705,6 +710,144 @@ static int64_t max_activation(const wan_vae *m, int Y, int X) {
 }
 
 /*
+ * The causal caches of one decode at latent size (Y, X), slot by slot in the
+ * order the decode takes them: frame[i] = P * cin of slot i's conv input (its
+ * cache holds two such frames), first[i] = the first chunk that uses it (1 for
+ * an upsample3d time_conv, which chunk 0 skips; else 0). The decode allocates
+ * each cache from this table; the estimate sums it.
+ */
+static void cache_frames(const wan_vae *m, int Y, int X, int64_t *frame, int *first) {
+    int64_t P = (int64_t)Y * X;
+    int n = 0;
+#define SLOT(p, cin, f)                \
+    do {                               \
+        if (n < m->n_slots) {          \
+            frame[n] = (p) * (cin);    \
+            first[n] = (f);            \
+        }                              \
+        n++;                           \
+    } while (0)
+    SLOT(P, m->conv_in.cin, 0);
+    for (int r = 0; r < 2; r++) {
+        SLOT(P, m->mid_res[r].conv1.cin, 0);
+        SLOT(P, m->mid_res[r].conv2.cin, 0);
+    }
+    for (int u = 0; u < m->n_up; u++) {
+        const vae_up *up = &m->up[u];
+        for (int r = 0; r < up->n_res; r++) {
+            SLOT(P, up->res[r].conv1.cin, 0);
+            SLOT(P, up->res[r].conv2.cin, 0);
+        }
+        if (up->mode == UP_3D) SLOT(P, up->time_conv.cin, 1);
+        if (up->mode != UP_NONE) P *= 4;
+    }
+    SLOT(P, m->conv_out.cin, 0);
+#undef SLOT
+}
+
+int wan_vae_check_shape(const wan_vae *m, int C, int T, int Y, int X) {
+    if (C != m->z_dim)
+        return h3r_seterr(H3R_ERR_INVALID, "VAE decode: latent channels C = %d, this VAE (%s) takes z_dim = %d",
+                          C, m->path, m->z_dim);
+    if (T < 1 || T > VAE_MAX_LATENT || Y < 1 || Y > VAE_MAX_LATENT || X < 1 || X > VAE_MAX_LATENT)
+        return h3r_seterr(H3R_ERR_INVALID, "VAE decode: latent (T, Y, X) = (%d, %d, %d), each must be 1..%d", T, Y,
+                          X, VAE_MAX_LATENT);
+    return 0;
+}
+
+/* The decode's other buffers, in floats: the table it allocates from and the
+ * estimate sums. */
+typedef struct {
+    int64_t col;    /* im2col tile */
+    int64_t zq;     /* (T, P0, C) channels-last latents and their post_quant_conv */
+    int64_t act;    /* each of the three activation buffers (max_activation) */
+    int64_t qkv;    /* attention: qkv (P0, 3C) and q, k, v, o (P0, C) */
+    int64_t tap;    /* the tap's channel-first copy (only with a tap) */
+} vae_sizes;
+
+static void decode_sizes(const wan_vae *m, int T, int Y, int X, vae_sizes *s) {
+    const int64_t P0 = (int64_t)Y * X, C = m->z_dim;
+    int64_t maxK = 0;
+    const vae_conv *all[] = {&m->conv_in, &m->conv_out, &m->mid_res[0].conv1};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int64_t k = (int64_t)all[i]->cin * all[i]->kt * all[i]->ky * all[i]->kx;
+        if (k > maxK) maxK = k;
+    }
+    for (int i = 0; i < m->n_up; i++) {
+        int64_t k = (int64_t)(m->up[i].cin > m->up[i].cout ? m->up[i].cin : m->up[i].cout) * 27;
+        if (k > maxK) maxK = k;
+    }
+    s->col = maxK > VAE_TILE_FLOATS ? maxK : VAE_TILE_FLOATS;
+    s->zq = P0 * C * T * 2;
+    s->act = max_activation(m, Y, X);
+    s->qkv = P0 * m->mid_attn.dim * 7;
+    s->tap = s->act > P0 * C * T ? s->act : P0 * C * T;
+}
+
+/* Every matmul weight of the decoder and the rows it is called with, for the
+ * largest op scratch: 1x1 convs over a whole frame (post_quant over all T),
+ * 3x3 convs over at most one tile of rows. */
+static int64_t op_scratch_max(const wan_vae *m, int T, int Y, int X, int64_t col, int nth) {
+    int64_t mx = op_attention_scratch_bytes(m->mid_attn.dim, nth);
+    int64_t P = (int64_t)Y * X, t = 1;
+#define CONV(cv, rows)                                                                           \
+    do {                                                                                         \
+        const int64_t K_ = (int64_t)(cv)->cin * (cv)->kt * (cv)->ky * (cv)->kx;                  \
+        int64_t r_ = (cv)->kt * (cv)->ky * (cv)->kx == 1 ? (rows) : col / K_ < 1 ? 1 : col / K_; \
+        if (r_ > (rows)) r_ = (rows);                                                            \
+        int64_t b_ = op_matmul_scratch_bytes((cv)->w->type, K_, r_, nth);                        \
+        if (b_ > mx) mx = b_;                                                                    \
+    } while (0)
+    CONV(&m->post_quant, (int64_t)T * P);
+    CONV(&m->conv_in, P);
+    CONV(&m->mid_attn.qkv, P);
+    CONV(&m->mid_attn.proj, P);
+    for (int r = 0; r < 2; r++) {
+        CONV(&m->mid_res[r].conv1, P);
+        CONV(&m->mid_res[r].conv2, P);
+    }
+    for (int u = 0; u < m->n_up; u++) {
+        const vae_up *up = &m->up[u];
+        for (int r = 0; r < up->n_res; r++) {
+            CONV(&up->res[r].conv1, P);
+            CONV(&up->res[r].conv2, P);
+            if (up->res[r].has_shortcut) CONV(&up->res[r].shortcut, t * P);
+        }
+        if (up->mode == UP_3D) {
+            CONV(&up->time_conv, P);
+            if (T > 1) t *= 2;
+        }
+        if (up->mode != UP_NONE) {
+            P *= 4;
+            CONV(&up->resample, P);
+        }
+    }
+    CONV(&m->conv_out, P);
+#undef CONV
+    return mx;
+}
+
+int64_t wan_vae_decode_bytes(const wan_vae *m, int T, int Y, int X, int nth, int with_tap) {
+    vae_sizes s;
+    decode_sizes(m, T, Y, X, &s);
+    int64_t floats = s.col + s.zq + 3 * s.act + s.qkv + (with_tap ? s.tap : 0);
+    int64_t *frame = malloc(sizeof(int64_t) * (size_t)m->n_slots);
+    int *first = malloc(sizeof(int) * (size_t)m->n_slots);
+    if (!frame || !first) {
+        free(frame);
+        free(first);
+        return -1;
+    }
+    cache_frames(m, Y, X, frame, first);
+    for (int i = 0; i < m->n_slots; i++)
+        if (first[i] < T) floats += 2 * frame[i];
+    free(frame);
+    free(first);
+    return floats * (int64_t)sizeof(float) + (int64_t)m->n_slots * (int64_t)sizeof(vae_cache) +
+           op_scratch_max(m, T, Y, X, s.col, nth);
+}
+
+/*
  * Decode de-normalised latents z (C, T, Y, X) into out (3, F, 8Y, 8X) for Wan's
  * layout (F = 1 + 2^n_temporal (T - 1), spatial factor 2^(n_up - 1)), clamped to
  * [-1, 1]. Latent frame 0 is one chunk, then each following latent frame, as
@@ -715,16 +858,13 @@ static int64_t max_activation(const wan_vae *m, int Y, int X) {
  *                          (what a diffusers forward hook on the module sees)
  *   "vae.out"              once, the whole clamped video (3, F, H, W)
  * Returns 0, or a negative code with a message. Writes only out and its own
- * scratch, which is freed before returning.
+ * scratch (sized by decode_sizes and cache_frames), which is freed before
+ * returning.
  */
 int wan_vae_decode(const wan_vae *m, h3r_pool *p, const float *z, int C, int T, int Y, int X, float *out,
                    int (*progress)(void *user, int done, int total), void *user, h3r_tap_fn tap, void *tap_user) {
-    if (C != m->z_dim)
-        return h3r_seterr(H3R_ERR_INVALID, "VAE decode: latent channels C = %d, this VAE (%s) takes z_dim = %d",
-                          C, m->path, m->z_dim);
-    if (T < 1 || T > VAE_MAX_LATENT || Y < 1 || Y > VAE_MAX_LATENT || X < 1 || X > VAE_MAX_LATENT)
-        return h3r_seterr(H3R_ERR_INVALID, "VAE decode: latent (T, Y, X) = (%d, %d, %d), each must be 1..%d", T, Y,
-                          X, VAE_MAX_LATENT);
+    int rc = wan_vae_check_shape(m, C, T, Y, X);
+    if (rc) return rc;
     const int ss = 1 << (m->n_up - 1), st = 1 << m->n_temporal;
     const int Ho = Y * ss, Wo = X * ss;
     const int64_t Po = (int64_t)Ho * Wo, F = 1 + (int64_t)st * (T - 1);
@@ -734,33 +874,27 @@ int wan_vae_decode(const wan_vae *m, h3r_pool *p, const float *z, int C, int T, 
     vae_bufs bf = {0};
     vae_attn_buf ab = {0};
     float *zq = NULL, *tapbuf = NULL, *base[3] = {0};
-    int rc = 0;
-    const int64_t act = max_activation(m, Y, X);
+    int64_t *slot_frame = malloc(sizeof(int64_t) * (size_t)m->n_slots);
+    int *slot_first = malloc(sizeof(int) * (size_t)m->n_slots);
+    vae_sizes sz;
+    decode_sizes(m, T, Y, X, &sz);
+    const int64_t act = sz.act;
     const int64_t Ca = m->mid_attn.dim;
-    int64_t maxK = 0;
-    {
-        const vae_conv *all[] = {&m->conv_in, &m->conv_out, &m->mid_res[0].conv1};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-            int64_t k = (int64_t)all[i]->cin * all[i]->kt * all[i]->ky * all[i]->kx;
-            if (k > maxK) maxK = k;
-        }
-        for (int i = 0; i < m->n_up; i++) {
-            int64_t k = (int64_t)(m->up[i].cin > m->up[i].cout ? m->up[i].cin : m->up[i].cout) * 27;
-            if (k > maxK) maxK = k;
-        }
-    }
-    run.col_cap = maxK > VAE_TILE_FLOATS ? maxK : VAE_TILE_FLOATS;
-    run.col = malloc(sizeof(float) * (size_t)run.col_cap);
+    run.col_cap = sz.col;
+    run.col = malloc(sizeof(float) * (size_t)sz.col);
     run.caches = calloc((size_t)m->n_slots, sizeof(vae_cache));
-    zq = malloc(sizeof(float) * (size_t)(P0 * C * T * 2));
+    run.slot_frame = slot_frame;
+    zq = malloc(sizeof(float) * (size_t)sz.zq);
     for (int i = 0; i < 3; i++) base[i] = malloc(sizeof(float) * (size_t)act);
-    ab.qkv = malloc(sizeof(float) * (size_t)(P0 * Ca * 7));
-    if (tap) tapbuf = malloc(sizeof(float) * (size_t)(act > P0 * C * T ? act : P0 * C * T));
-    if (!run.col || !run.caches || !zq || !base[0] || !base[1] || !base[2] || !ab.qkv || (tap && !tapbuf)) {
+    ab.qkv = malloc(sizeof(float) * (size_t)sz.qkv);
+    if (tap) tapbuf = malloc(sizeof(float) * (size_t)sz.tap);
+    if (!slot_frame || !slot_first || !run.col || !run.caches || !zq || !base[0] || !base[1] || !base[2] ||
+        !ab.qkv || (tap && !tapbuf)) {
         rc = h3r_seterr(H3R_ERR_NOMEM, "VAE decode: out of memory for scratch (%lld floats per activation)",
                         (long long)act);
         goto done;
     }
+    cache_frames(m, Y, X, slot_frame, slot_first);
     ab.q = ab.qkv + P0 * Ca * 3;
     ab.k = ab.q + P0 * Ca;
     ab.v = ab.k + P0 * Ca;
@@ -842,5 +976,7 @@ done:
     for (int i = 0; i < 3; i++) free(base[i]);
     free(ab.qkv);
     free(tapbuf);
+    free(slot_frame);
+    free(slot_first);
     return rc;
 }
