@@ -53,6 +53,7 @@ struct h3r_engine {
     int threads;
     char err[ERR_MAX];
     char *info_json;
+    char *estimate_json;  /* the last h3r_estimate_json answer */
 
     component dit[MAX_LEVELS];
     int n_dit;
@@ -283,6 +284,7 @@ H3R_API void h3r_close(h3r_engine *e) {
     /* a component that failed to load mid-way is already closed by load_component */
     if (e->pool) h3r_pool_free(e->pool);
     free(e->info_json);
+    free(e->estimate_json);
     free(e);
 }
 
@@ -717,24 +719,129 @@ static int vae_progress(void *user, int done, int total) {
 }
 
 /*
+ * One render's plan: the components a request picks, its options and the
+ * shapes it implies. h3r_generate renders from it; h3r_estimate_json sizes it.
+ */
+typedef struct {
+    component *dit, *te, *vae;
+    gen_opts opts;
+    int C, T, Y, X;     /* latent channels and grid */
+    int D, L;           /* text encoder width, text length */
+    int F, H, W;        /* output frames, height, width */
+    int cfg;            /* 1: a negative pass each step */
+    int nth;            /* threads the render runs on */
+    int64_t n;          /* latent elements C*T*Y*X */
+} gen_plan;
+
+/* Buffers h3r_generate allocates itself, in bytes: the table its mallocs take
+ * their sizes from and the estimate sums. */
+enum {
+    GB_CTX,       /* (L, D) prompt context */
+    GB_NEG,       /* (L, D) negative context, with guidance > 1 */
+    GB_X,         /* (C, T, Y, X) latents */
+    GB_V,         /* (C, T, Y, X) flow prediction */
+    GB_VU,        /* (C, T, Y, X) unconditional prediction, with guidance > 1 */
+    GB_RGB,       /* (H, W, 3) one frame for the frame callback */
+    GB_LIVE,      /* the above live from start to end */
+    GB_VIDEO = GB_LIVE, /* (3, F, H, W) decoded video, from the decode on */
+    GB_PREVIEW_Z,       /* (C, Y, X) one preview's latent frame */
+    GB_PREVIEW_FRAME,   /* (3, H, W) one preview's decoded frame */
+    GB_PARTS
+};
+
+static void gen_sizes(const gen_plan *p, size_t sz[GB_PARTS]) {
+    const size_t f = sizeof(float), ctx = (size_t)p->L * p->D * f, lat = (size_t)p->n * f;
+    sz[GB_CTX] = ctx;
+    sz[GB_NEG] = p->cfg ? ctx : 0;
+    sz[GB_X] = sz[GB_V] = lat;
+    sz[GB_VU] = p->cfg ? lat : 0;
+    sz[GB_RGB] = (size_t)p->H * p->W * 3;
+    sz[GB_VIDEO] = (size_t)3 * p->F * p->H * p->W * f;
+    sz[GB_PREVIEW_Z] = (size_t)p->C * p->Y * p->X * f;
+    sz[GB_PREVIEW_FRAME] = (size_t)3 * p->H * p->W * f;
+}
+
+/* The prompt checks encode_context makes before it encodes: at most text_len
+ * tokens, every id in the vocabulary. */
+static int check_ids(h3r_engine *e, component *te, const int32_t *ids, int n) {
+    if (n > e->text_len)
+        return h3r_seterr(H3R_ERR_INVALID, "prompt has %d tokens; the model takes at most text_len=%d", n, e->text_len);
+    return umt5_check_ids(te->model, ids, n);
+}
+
+/*
+ * Pick the components, validate the request and its options, check the
+ * components agree, derive the shapes and check them against each
+ * component's limits. Every check of a render is made here, before anything
+ * is allocated, so the estimate refuses what generate refuses, with the same
+ * message. Returns 0 or a negative code (message set).
+ */
+static int plan_request(h3r_engine *e, const h3r_request *req, gen_plan *p) {
+    int rc;
+    memset(p, 0, sizeof(*p));
+    if ((rc = pick_dit(e, req->quant, &p->dit)) ||
+        (rc = pick_small(e, e->te, e->n_te, "text_encoder", req->quant, 0, &p->te)) ||
+        (rc = pick_small(e, e->vae, e->n_vae, "vae", req->quant, 0, &p->vae)))
+        return rc;
+    int patch[3];
+    wan_dit_patch_size(p->dit->model, patch);
+    if ((rc = validate_request(e, req, patch)) || (rc = parse_options(req->options, &p->opts))) return rc;
+
+    const int C = wan_dit_in_channels(p->dit->model);
+    if (wan_vae_z_dim(p->vae->model) != C || wan_dit_out_channels(p->dit->model) != C)
+        return h3r_seterr(H3R_ERR_FORMAT, "%s: transformer channels (%d in, %d out) do not match the VAE's z_dim %d",
+                          e->dir, C, wan_dit_out_channels(p->dit->model), wan_vae_z_dim(p->vae->model));
+    if (umt5_d_model(p->te->model) != wan_dit_text_dim(p->dit->model))
+        return h3r_seterr(H3R_ERR_FORMAT, "%s: text encoder width %d does not match the transformer's text_dim %d",
+                          e->dir, umt5_d_model(p->te->model), wan_dit_text_dim(p->dit->model));
+    p->C = C;
+    p->T = (req->frames - 1) / e->vae_stride_t + 1;
+    p->Y = req->height / e->vae_stride_s;
+    p->X = req->width / e->vae_stride_s;
+    p->n = (int64_t)C * p->T * p->Y * p->X;
+    p->D = umt5_d_model(p->te->model);
+    p->L = e->text_len;
+    p->cfg = req->guidance > 1.0f;
+    p->F = 1 + e->vae_stride_t * (p->T - 1);
+    p->H = req->height;
+    p->W = req->width;
+    p->nth = req->threads <= 0 ? h3r_pool_size(e->pool) : h3r_pool_threads(req->threads);
+
+    if (req->init_latents && req->n_init_latents != p->n)
+        return h3r_seterr(H3R_ERR_INVALID,
+                          "init_latents has %lld values; a %dx%d, %d-frame video needs (%d, %d, %d, %d) = %lld",
+                          (long long)req->n_init_latents, p->W, p->H, req->frames, C, p->T, p->Y, p->X,
+                          (long long)p->n);
+    if (req->out_latents && req->n_out_latents != p->n)
+        return h3r_seterr(H3R_ERR_INVALID, "out_latents holds %lld values; needs %lld", (long long)req->n_out_latents,
+                          (long long)p->n);
+    /* the components' own limits (rope table, VAE grid, prompt), before any buffer is sized */
+    if ((rc = wan_dit_check_shape(p->dit->model, C, p->T, p->Y, p->X, p->L)) ||
+        (rc = wan_vae_check_shape(p->vae->model, C, p->T, p->Y, p->X)) ||
+        (rc = check_ids(e, p->te, req->prompt_ids, req->n_prompt_ids)) ||
+        (p->cfg && (rc = check_ids(e, p->te, req->negative_ids, req->n_negative_ids))))
+        return rc;
+    return 0;
+}
+
+/*
  * A cheap preview after denoising step `step`: the flow model's current
  * estimate of the clean latents, x0 = x - sigma * v, for latent frame 0 only,
  * de-normalised and decoded by the VAE into one RGB frame. Costs one
  * single-frame VAE decode. Returns 0, or H3R_ERR_CANCELED if on_frame asks.
  */
-static int send_preview(h3r_engine *e, component *vae, h3r_pool *pool, const h3r_request *req, int step,
-                        const float *x, const float *v, float sigma, int C, int Y, int X, uint8_t *rgb) {
-    const int T = (req->frames - 1) / e->vae_stride_t + 1;
-    const int64_t plane = (int64_t)Y * X, tplane = (int64_t)T * plane;
-    const int H = Y * e->vae_stride_s, W = X * e->vae_stride_s;
-    float *z = malloc((size_t)C * plane * sizeof(float));
-    float *frame = malloc((size_t)3 * H * W * sizeof(float));
+static int send_preview(const gen_plan *gp, const size_t sz[GB_PARTS], h3r_pool *pool, const h3r_request *req,
+                        int step, const float *x, const float *v, float sigma, uint8_t *rgb) {
+    const int C = gp->C, Y = gp->Y, X = gp->X, H = gp->H, W = gp->W;
+    const int64_t plane = (int64_t)Y * X, tplane = (int64_t)gp->T * plane;
+    float *z = malloc(sz[GB_PREVIEW_Z]);
+    float *frame = malloc(sz[GB_PREVIEW_FRAME]);
     int rc = 0;
     if (!z || !frame) {
         rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for a preview frame");
         goto out;
     }
-    const float *mean = wan_vae_latents_mean(vae->model), *std = wan_vae_latents_std(vae->model);
+    const float *mean = wan_vae_latents_mean(gp->vae->model), *std = wan_vae_latents_std(gp->vae->model);
     for (int c = 0; c < C; c++) {
         const float inv_std = 1.0f / std[c];
         for (int64_t k = 0; k < plane; k++) {
@@ -742,7 +849,7 @@ static int send_preview(h3r_engine *e, component *vae, h3r_pool *pool, const h3r
             z[c * plane + k] = x0 / inv_std + mean[c];
         }
     }
-    if ((rc = wan_vae_decode(vae->model, pool, z, C, 1, Y, X, frame, NULL, NULL, NULL, NULL))) goto out;
+    if ((rc = wan_vae_decode(gp->vae->model, pool, z, C, 1, Y, X, frame, NULL, NULL, NULL, NULL))) goto out;
     frame_to_rgb(frame, 1, H, W, 0, rgb);
     if (req->on_frame(req->user, H3R_FRAME_PREVIEW, step, W, H, rgb))
         rc = h3r_seterr(H3R_ERR_CANCELED, "canceled by the frame callback");
@@ -754,8 +861,8 @@ out:
 
 /* Encode ids into a zero-padded (text_len, dim) context. */
 static int encode_context(h3r_engine *e, component *te, h3r_pool *pool, const int32_t *ids, int n, float *ctx) {
-    if (n > e->text_len)
-        return h3r_seterr(H3R_ERR_INVALID, "prompt has %d tokens; the model takes at most text_len=%d", n, e->text_len);
+    int rc = check_ids(e, te, ids, n);
+    if (rc) return rc;
     memset(ctx, 0, (size_t)e->text_len * umt5_d_model(te->model) * sizeof(float));
     if (n == 0) return 0;
     return umt5_encode(te->model, pool, ids, n, ctx, e->tap, e->tap_user);
@@ -775,43 +882,15 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
     h3r_clear_error();
     if (!e || !req) return h3r_seterr(H3R_ERR_INVALID, "h3r_generate: NULL argument");
     int rc;
-    component *dit = NULL, *te = NULL, *vae = NULL;
-    if ((rc = pick_dit(e, req->quant, &dit)) || (rc = pick_small(e, e->te, e->n_te, "text_encoder", req->quant, 0, &te)) ||
-        (rc = pick_small(e, e->vae, e->n_vae, "vae", req->quant, 0, &vae)))
-        return fail(e, rc);
-    int patch[3];
-    wan_dit_patch_size(dit->model, patch);
-    gen_opts opts;
-    if ((rc = validate_request(e, req, patch)) || (rc = parse_options(req->options, &opts))) return fail(e, rc);
-
-    const int C = wan_dit_in_channels(dit->model);
-    if (wan_vae_z_dim(vae->model) != C || wan_dit_out_channels(dit->model) != C) {
-        h3r_seterr(H3R_ERR_FORMAT, "%s: transformer channels (%d in, %d out) do not match the VAE's z_dim %d", e->dir,
-                   C, wan_dit_out_channels(dit->model), wan_vae_z_dim(vae->model));
-        return fail(e, H3R_ERR_FORMAT);
-    }
-    if (umt5_d_model(te->model) != wan_dit_text_dim(dit->model)) {
-        h3r_seterr(H3R_ERR_FORMAT, "%s: text encoder width %d does not match the transformer's text_dim %d", e->dir,
-                   umt5_d_model(te->model), wan_dit_text_dim(dit->model));
-        return fail(e, H3R_ERR_FORMAT);
-    }
-    const int T = (req->frames - 1) / e->vae_stride_t + 1;
-    const int Y = req->height / e->vae_stride_s, X = req->width / e->vae_stride_s;
-    const int64_t n = (int64_t)C * T * Y * X;
-    const int D = umt5_d_model(te->model), L = e->text_len;
-    const int cfg = req->guidance > 1.0f;
-    const int F = 1 + e->vae_stride_t * (T - 1), H = req->height, W = req->width;
-
-    if (req->init_latents && req->n_init_latents != n) {
-        h3r_seterr(H3R_ERR_INVALID, "init_latents has %lld values; a %dx%d, %d-frame video needs (%d, %d, %d, %d) = %lld",
-                   (long long)req->n_init_latents, W, H, req->frames, C, T, Y, X, (long long)n);
-        return fail(e, H3R_ERR_INVALID);
-    }
-    if (req->out_latents && req->n_out_latents != n) {
-        h3r_seterr(H3R_ERR_INVALID, "out_latents holds %lld values; needs %lld", (long long)req->n_out_latents,
-                   (long long)n);
-        return fail(e, H3R_ERR_INVALID);
-    }
+    gen_plan gp;
+    if ((rc = plan_request(e, req, &gp))) return fail(e, rc);
+    component *dit = gp.dit, *te = gp.te, *vae = gp.vae;
+    const gen_opts opts = gp.opts;
+    const int C = gp.C, T = gp.T, Y = gp.Y, X = gp.X, L = gp.L, cfg = gp.cfg;
+    const int F = gp.F, H = gp.H, W = gp.W;
+    const int64_t n = gp.n;
+    size_t sz[GB_PARTS];
+    gen_sizes(&gp, sz);
 
     h3r_pool *temp_pool;
     h3r_pool *pool = pool_for(e, req->threads, &temp_pool);
@@ -820,13 +899,12 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
     float *ctx = NULL, *neg = NULL, *x = NULL, *v = NULL, *vu = NULL, *video = NULL;
     uint8_t *rgb = NULL;
     h3r_sampler *s = NULL;
-    const int64_t video_n = 3LL * F * H * W;
-    ctx = calloc((size_t)L * D, sizeof(float));
-    neg = cfg ? calloc((size_t)L * D, sizeof(float)) : NULL;
-    x = malloc((size_t)n * sizeof(float));
-    v = malloc((size_t)n * sizeof(float));
-    vu = cfg ? malloc((size_t)n * sizeof(float)) : NULL;
-    rgb = malloc((size_t)H * W * 3);
+    ctx = calloc(1, sz[GB_CTX]);
+    neg = sz[GB_NEG] ? calloc(1, sz[GB_NEG]) : NULL;
+    x = malloc(sz[GB_X]);
+    v = malloc(sz[GB_V]);
+    vu = sz[GB_VU] ? malloc(sz[GB_VU]) : NULL;
+    rgb = malloc(sz[GB_RGB]);
     if (!ctx || (cfg && !neg) || !x || !v || (cfg && !vu) || !rgb) {
         rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for a %dx%d, %d-frame render", W, H, req->frames);
         goto done;
@@ -866,7 +944,7 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
             for (int64_t k = 0; k < n; k++) v[k] = vu[k] + g * (v[k] - vu[k]);
         }
         if (req->preview_every > 0 && req->on_frame && ((i + 1) % req->preview_every == 0 || i + 1 == req->steps)) {
-            if ((rc = send_preview(e, vae, pool, req, i, x, v, sampler_sigmas(s)[i], C, Y, X, rgb))) goto done;
+            if ((rc = send_preview(&gp, sz, pool, req, i, x, v, sampler_sigmas(s)[i], rgb))) goto done;
         }
         if ((rc = sampler_step(s, i, v, x))) goto done;
         if (has_nonfinite(x, n)) {
@@ -886,9 +964,9 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
             for (int64_t k = 0; k < plane; k++) x[c * plane + k] = x[c * plane + k] / inv_std + mean[c];
         }
     }
-    video = malloc((size_t)video_n * sizeof(float));
+    video = malloc(sz[GB_VIDEO]);
     if (!video) {
-        rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for the decoded video (%lld floats)", (long long)video_n);
+        rc = h3r_seterr(H3R_ERR_NOMEM, "out of memory for the decoded video (%zu bytes)", sz[GB_VIDEO]);
         goto done;
     }
     vae_progress_ctx vctx = {req};
@@ -921,4 +999,90 @@ done:
     free(rgb);
     if (temp_pool) h3r_pool_free(temp_pool);
     return rc ? fail(e, rc) : 0;
+}
+
+/* ---------------------------------------------------------------- estimate */
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static const char *base_name(const gguf_file *g) {
+    const char *p = gguf_path(g), *slash = strrchr(p, '/');
+    return slash ? slash + 1 : p;
+}
+
+/*
+ * Peak bytes of the render `req` describes, from the size tables its
+ * allocations use (h3render.h documents the JSON). Runs plan_request, so a
+ * request generate would refuse is refused with the same code and message;
+ * allocates nothing that scales with the request.
+ */
+H3R_API int h3r_estimate_json(h3r_engine *e, const h3r_request *req, const char **out) {
+    h3r_clear_error();
+    if (out) *out = NULL;
+    if (!e || !req || !out) return h3r_seterr(H3R_ERR_INVALID, "h3r_estimate_json: NULL argument");
+    gen_plan gp;
+    int rc = plan_request(e, req, &gp);
+    if (rc) return fail(e, rc);
+    size_t sz[GB_PARTS];
+    gen_sizes(&gp, sz);
+    int64_t live = 0;
+    for (int i = 0; i < GB_LIVE; i++) live += (int64_t)sz[i];
+    const int64_t text = max64(umt5_encode_bytes(gp.te->model, req->n_prompt_ids, gp.nth),
+                               gp.cfg ? umt5_encode_bytes(gp.te->model, req->n_negative_ids, gp.nth) : 0);
+    const int64_t sampler = sampler_bytes(req->sampler, req->steps, gp.n);
+    const int64_t dit = wan_dit_forward_bytes(gp.dit->model, gp.T, gp.Y, gp.X, gp.L, gp.nth);
+    const int64_t vae = wan_vae_decode_bytes(gp.vae->model, gp.T, gp.Y, gp.X, gp.nth, e->tap != NULL);
+    /* previews counted whenever asked for: the estimate has no frame callback to look at */
+    const int64_t preview_vae = req->preview_every > 0 ? wan_vae_decode_bytes(gp.vae->model, 1, gp.Y, gp.X, gp.nth, 0)
+                                                       : 0;
+    if (dit < 0 || vae < 0 || preview_vae < 0) {
+        h3r_seterr(H3R_ERR_NOMEM, "estimate: the scratch size of a %dx%d, %d-frame render overflows", gp.W, gp.H,
+                   req->frames);
+        return fail(e, H3R_ERR_NOMEM);
+    }
+    const int64_t preview =
+        req->preview_every > 0 ? (int64_t)(sz[GB_PREVIEW_Z] + sz[GB_PREVIEW_FRAME]) + preview_vae : 0;
+    const int64_t encode = live + text;
+    const int64_t denoise = live + sampler + max64(dit, preview);
+    const int64_t decode = live + sampler + (int64_t)sz[GB_VIDEO] + vae;
+    const component *files[3] = {gp.dit, gp.te, gp.vae};
+    static const char *kinds[3] = {"transformer", "text_encoder", "vae"};
+    int64_t weights = 0;
+    for (int i = 0; i < 3; i++) weights += (int64_t)gguf_bound_bytes(files[i]->file);
+    int patch[3];
+    wan_dit_patch_size(gp.dit->model, patch);
+    const int64_t tokens = (int64_t)(gp.T / patch[0]) * (gp.Y / patch[1]) * (gp.X / patch[2]);
+
+    size_t len = 0, cap = 1024;
+    char *b = malloc(cap);
+    int r = b ? 0 : -1;
+    if (b) b[0] = 0;
+    if (!r)
+        r |= appendf(&b, &len, &cap,
+                     "{\"weights\":%lld,\"encode\":%lld,\"denoise\":%lld,\"decode\":%lld,\"total\":%lld,"
+                     "\"threads\":%d,\"tokens\":%lld,\"latent\":[%d,%d,%d,%d],\"files\":{",
+                     (long long)weights, (long long)encode, (long long)denoise, (long long)decode,
+                     (long long)(weights + max64(encode, max64(denoise, decode))), gp.nth, (long long)tokens, gp.C,
+                     gp.T, gp.Y, gp.X);
+    for (int i = 0; i < 3 && !r; i++) {
+        r |= appendf(&b, &len, &cap, "%s\"%s\":{\"file\":", i ? "," : "", kinds[i]);
+        r |= append_json_str(&b, &len, &cap, base_name(files[i]->file));
+        r |= appendf(&b, &len, &cap, ",\"bytes\":%zu,\"read\":%zu}", gguf_mapped_bytes(files[i]->file),
+                     gguf_bound_bytes(files[i]->file));
+    }
+    if (!r)
+        r |= appendf(&b, &len, &cap,
+                     "},\"parts\":{\"buffers\":%lld,\"text_encoder\":%lld,\"sampler\":%lld,\"dit_forward\":%lld,"
+                     "\"preview\":%lld,\"video\":%zu,\"vae_decode\":%lld}}",
+                     (long long)live, (long long)text, (long long)sampler, (long long)dit, (long long)preview,
+                     sz[GB_VIDEO], (long long)vae);
+    if (r) {
+        free(b);
+        h3r_seterr(H3R_ERR_NOMEM, "h3r_estimate_json: out of memory");
+        return fail(e, H3R_ERR_NOMEM);
+    }
+    free(e->estimate_json);
+    e->estimate_json = b;
+    *out = b;
+    return 0;
 }

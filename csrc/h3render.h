@@ -1,5 +1,5 @@
 /*
- * h3render engine ABI, version 1.
+ * h3render engine ABI, version 2 (2 added h3r_estimate_json).
  *
  * One small, stable C interface that the Python binding (h3render/engine/binding.py)
  * loads through ctypes. Two implementations exist: the portable CPU engine
@@ -32,7 +32,7 @@ extern "C" {
 #define H3R_API __attribute__((visibility("default")))
 #endif
 
-#define H3R_ABI_VERSION 1
+#define H3R_ABI_VERSION 2
 
 /* Return codes. 0 is success. */
 enum {
@@ -124,6 +124,24 @@ H3R_API const char *h3r_info_json(h3r_engine *e);
 
 /* Render one video. Frames arrive through req->on_frame. */
 H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req);
+
+/* Peak memory of the render req describes, without rendering it. The request is
+ * checked exactly as h3r_generate checks it (a request generate refuses gets the
+ * same code and message here); nothing that scales with it is allocated. On
+ * success *out is a JSON object owned by the engine, valid until the next
+ * h3r_estimate_json or h3r_close on it; all sizes are bytes:
+ *   {"weights","encode","denoise","decode","total","threads","tokens",
+ *    "latent":[C,T',H',W'],
+ *    "files":{"transformer"|"text_encoder"|"vae":{"file","bytes","read"}},
+ *    "parts":{"buffers","text_encoder","sampler","dit_forward","preview",
+ *             "video","vae_decode"}}
+ * weights: the pages of the mapped files the render reads (headers and every
+ * tensor the components use; files.*.bytes are the whole files). encode,
+ * denoise, decode: the peak of the buffers the engine allocates in that phase.
+ * total = weights + max(encode, denoise, decode): the engine's own peak, with
+ * no allowance for the calling process. Engines that cannot estimate return
+ * H3R_ERR_UNSUPPORTED. */
+H3R_API int h3r_estimate_json(h3r_engine *e, const h3r_request *req, const char **out);
 
 /* ---- Component entry points: verify mode and numerics tests. ---- */
 

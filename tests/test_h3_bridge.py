@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from h3render.engine.binding import ABI_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 BRIDGE = ROOT / "csrc" / "h3bridge" / "h3bridge.c"
 STUB = ROOT / "csrc" / "h3bridge" / "h3_stub.c"
@@ -285,7 +287,7 @@ def driven(tmp_path_factory):
 
 def test_info_states_h3_limits(driven):
     info = driven["info"]
-    assert info["engine"] == "h3.c" and info["prompt"] == "text" and info["abi"] == 1
+    assert info["engine"] == "h3.c" and info["prompt"] == "text" and info["abi"] == ABI_VERSION
     assert info["frame_rule"] == {"multiple": 17, "offset": 5} and info["size_multiple"] == 32
     assert info["max_pixels"] == 768 * 1344 and info["fps"] == 24
     assert info["quant_levels"] == ["bf16", "int8", "int8-row"]

@@ -693,6 +693,17 @@ H3R_API int h3r_generate(h3r_engine *e, const h3r_request *req) {
     return back;
 }
 
+/* ---------------------------------------------------------------- estimate */
+
+/* h3.c sizes its Metal buffers itself and exposes no sizes; its jobs are
+ * estimated in Python from the snapshot (h3render/engine/h3/estimate.py). */
+H3R_API int h3r_estimate_json(h3r_engine *e, const h3r_request *req, const char **out) {
+    (void)req;
+    if (out) *out = NULL;
+    return seterr(e, H3R_ERR_UNSUPPORTED, "h3r_estimate_json: the h3.c engine has no memory estimate of its own "
+                  "(h3.c jobs are estimated by h3render.engine.h3.estimate)");
+}
+
 /* ---------------------------------------------------------------- components */
 
 /* The component entry points serve the CPU engine's verify mode and numerics

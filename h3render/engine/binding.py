@@ -1,4 +1,4 @@
-"""ctypes binding to the engine library (csrc/h3render.h, ABI version 1).
+"""ctypes binding to the engine library (csrc/h3render.h, ABI version 2).
 
 Every exported function has its argtypes and restype declared here; every
 non-zero return becomes a typed exception (h3render.engine.exceptions) carrying
@@ -24,10 +24,14 @@ from h3render.engine.exceptions import (
     EngineError,
     InvalidRequestError,
     LibraryNotFoundError,
+    UnsupportedError,
     error_for_code,
 )
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+# ABI 2 only added h3r_estimate_json: a library of ABI 1 still renders, and
+# Engine.estimate_memory says it needs a rebuild.
+MIN_ABI_VERSION = 1
 SAMPLERS = {"unipc": 0, "euler": 1}
 PHASES = {0: "load", 1: "encode", 2: "denoise", 3: "decode"}
 FRAME_FINAL, FRAME_PREVIEW = 0, 1
@@ -123,17 +127,20 @@ def load_library() -> C.CDLL:
             lib = C.CDLL(str(path))
         except OSError as exc:
             raise LibraryNotFoundError(f"cannot load engine library {path}: {exc}") from None
-        _declare(lib)
+        # the version first: an older library lacks functions _declare names
+        lib.h3r_abi_version.argtypes, lib.h3r_abi_version.restype = [], C.c_int
         abi = lib.h3r_abi_version()
-        if abi != ABI_VERSION:
+        if not MIN_ABI_VERSION <= abi <= ABI_VERSION:
             raise LibraryNotFoundError(
-                f"engine library {path} has ABI {abi}; this binding needs {ABI_VERSION}"
+                f"engine library {path} has ABI {abi}; this binding takes {MIN_ABI_VERSION} to "
+                f"{ABI_VERSION} (rebuild it: `pip install .` compiles csrc/)"
             )
+        _declare(lib, abi)
         _lib = lib
         return lib
 
 
-def _declare(lib: C.CDLL) -> None:
+def _declare(lib: C.CDLL, abi: int) -> None:
     P = C.c_void_p
     sig = {
         "h3r_abi_version": ([], C.c_int),
@@ -142,6 +149,7 @@ def _declare(lib: C.CDLL) -> None:
         "h3r_last_error": ([P], C.c_char_p),
         "h3r_info_json": ([P], C.c_char_p),
         "h3r_generate": ([P, C.POINTER(_Request)], C.c_int),
+        "h3r_estimate_json": ([P, C.POINTER(_Request), C.POINTER(C.c_char_p)], C.c_int),
         "h3r_set_tap": ([P, TAP_FN, P], None),
         "h3r_encode_text": ([P, C.c_char_p, _I32P, C.c_int, _F32P, C.c_int64], C.c_int),
         "h3r_dit_forward": (
@@ -155,6 +163,8 @@ def _declare(lib: C.CDLL) -> None:
         ),
         "h3r_schedule": ([C.c_int, C.c_int, C.c_float, _F32P, _F32P], C.c_int),
     }
+    if abi < 2:
+        del sig["h3r_estimate_json"]
     for name, (argtypes, restype) in sig.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
@@ -380,43 +390,71 @@ class Engine:
 
         progress_cb = PROGRESS_FN(progress)
         frame_cb = FRAME_FN(frame)
-        prompt_ids = np.ascontiguousarray(req.prompt_ids or [], np.int32)
-        negative_ids = np.ascontiguousarray(req.negative_ids or [], np.int32)
-        init = None if req.init_latents is None else _f32(req.init_latents)
         out_latents = None
         if req.return_latents:
             out_latents = np.zeros(self.latent_shape(req.width, req.height, req.frames), np.float32)
-        options = ";".join(f"{k}={_opt(v)}" for k, v in sorted(req.options.items()))
-
-        r = _Request()
-        r.struct_size = C.sizeof(_Request)
-        r.prompt = req.prompt.encode()
-        r.negative_prompt = req.negative_prompt.encode()
-        r.prompt_ids = _ptr(prompt_ids, C.c_int32)
-        r.n_prompt_ids = len(prompt_ids)
-        r.negative_ids = _ptr(negative_ids, C.c_int32)
-        r.n_negative_ids = len(negative_ids)
-        r.seed = int(req.seed) & 0xFFFFFFFFFFFFFFFF
-        r.width, r.height, r.frames, r.steps = req.width, req.height, req.frames, req.steps
-        r.guidance, r.shift = req.guidance, req.shift
-        r.sampler = _sampler_id(req.sampler)
-        r.quant = req.quant.encode()
-        r.threads = req.threads
-        r.init_latents = _ptr(init)
-        r.n_init_latents = 0 if init is None else init.size
-        r.out_latents = _ptr(out_latents)
-        r.n_out_latents = 0 if out_latents is None else out_latents.size
-        r.preview_every = req.preview_every
-        r.options = options.encode() if options else None
+        r, _keep = _request_struct(req, out_latents)
         r.on_progress = progress_cb
         r.on_frame = frame_cb
-        r.user = None
 
         rc = self._lib.h3r_generate(self._handle(), C.byref(r))
         if pending:
             raise pending[0]
         self._check(rc)
         return GenerateResult(frames=req.frames, latents=out_latents)
+
+    def estimate_memory(self, req: GenerateRequest) -> dict:
+        """Peak bytes the engine would use to render `req`, without rendering it.
+
+        The engine checks `req` as generate does (the same exception and message
+        for a request generate would refuse) and sizes every buffer from the
+        tables its allocations use. Returns a dict of ints:
+        weights (mapped model pages the render reads), encode, denoise, decode
+        (each phase's peak of allocated buffers), total = weights + max(phases),
+        threads, tokens, and the "files" and "parts" breakdowns
+        (csrc/h3render.h). The calling process's own memory is not included.
+        """
+        if self._lib.h3r_abi_version() < 2:
+            raise UnsupportedError(
+                f"engine library {library_path()} has ABI {self._lib.h3r_abi_version()}, which has no "
+                "memory estimate (ABI 2); rebuild it: `pip install .` compiles csrc/"
+            )
+        r, _keep = _request_struct(req, None)
+        out = C.c_char_p()
+        self._check(self._lib.h3r_estimate_json(self._handle(), C.byref(r), C.byref(out)))
+        return json.loads(out.value.decode())
+
+
+def _request_struct(req: GenerateRequest, out_latents: np.ndarray | None) -> tuple[_Request, tuple]:
+    """The C request for `req`, without callbacks, and the arrays it points into
+    (keep them alive for as long as the struct is used)."""
+    prompt_ids = np.ascontiguousarray(req.prompt_ids or [], np.int32)
+    negative_ids = np.ascontiguousarray(req.negative_ids or [], np.int32)
+    init = None if req.init_latents is None else _f32(req.init_latents)
+    options = ";".join(f"{k}={_opt(v)}" for k, v in sorted(req.options.items()))
+
+    r = _Request()
+    r.struct_size = C.sizeof(_Request)
+    r.prompt = req.prompt.encode()
+    r.negative_prompt = req.negative_prompt.encode()
+    r.prompt_ids = _ptr(prompt_ids, C.c_int32)
+    r.n_prompt_ids = len(prompt_ids)
+    r.negative_ids = _ptr(negative_ids, C.c_int32)
+    r.n_negative_ids = len(negative_ids)
+    r.seed = int(req.seed) & 0xFFFFFFFFFFFFFFFF
+    r.width, r.height, r.frames, r.steps = req.width, req.height, req.frames, req.steps
+    r.guidance, r.shift = req.guidance, req.shift
+    r.sampler = _sampler_id(req.sampler)
+    r.quant = req.quant.encode()
+    r.threads = req.threads
+    r.init_latents = _ptr(init)
+    r.n_init_latents = 0 if init is None else init.size
+    r.out_latents = _ptr(out_latents)
+    r.n_out_latents = 0 if out_latents is None else out_latents.size
+    r.preview_every = req.preview_every
+    r.options = options.encode() if options else None
+    r.user = None
+    return r, (prompt_ids, negative_ids, init, out_latents)
 
 
 def _q(quant: str | None) -> bytes | None:
