@@ -101,7 +101,7 @@ def health(as_json: bool) -> None:
         t = Table(show_header=True, header_style="bold")
         t.add_column("reading")
         t.add_column("value")
-        for group in ("memory", "thermal", "power"):
+        for group in ("memory", "thermal", "power", "disk"):
             for k, v in getattr(r, group).model_dump(mode="json").items():
                 if v not in (None, [], {}):
                     t.add_row(f"{group}.{k}", _fmt(k, v))
