@@ -153,7 +153,8 @@ class _Files:
 def _output_dir(settings: Settings, job_id: str, sweep_id: str | None) -> Path:
     group = sweep_id or dt.date.today().isoformat()
     for part in (group, job_id):  # ids only, never prompt text
-        if not part or "/" in part or part.startswith(".") or os.sep in part:
+        if (not isinstance(part, str) or not part or "/" in part or part.startswith(".")
+                or os.sep in part or "\0" in part):
             raise PermanentJobError(f"id {part!r} cannot name an output folder")
     return Path(settings.renders_dir()) / group / job_id
 
@@ -217,7 +218,6 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
         staging.sweep_staging(settings.renders_dir())
     except OSError:
         pass
-    files.final = _output_dir(settings, job_id, (meta.data.get("sweep_id") or _sweep_of(rq_job)))
 
     # -- validate
     try:
@@ -229,6 +229,7 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
             check_id("sweep_id", meta.data["sweep_id"])
     except JobValidationError as e:
         raise PermanentJobError(f"invalid job record: {e}") from None
+    files.final = _output_dir(settings, job_id, (meta.data.get("sweep_id") or _sweep_of(rq_job)))
     if not job.resolved:
         missing = [k for k in ("seed", "negative_prompt", "width", "height", "frames", "steps",
                                "guidance", "shift", "sampler", "quant", "fps")

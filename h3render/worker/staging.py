@@ -127,7 +127,7 @@ def publish_failure(final: Path, attempt: int, doc: dict) -> Path | None:
         staging = new_staging(final, attempt)
         write_json(staging / "meta.json", doc)
         return publish(staging, final)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path the OS cannot take (never from our ids)
         discard(staging)
         return None
 
