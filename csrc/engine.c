@@ -338,19 +338,22 @@ static int pick_dit(h3r_engine *e, const char *quant, component **out) {
 }
 
 /* Text encoder and VAE: the requested level if present, else f16 for any
- * level other than f32, else the most precise file present. */
+ * level other than f32, else the most precise file present. A level whose own
+ * file is broken is unusable (a silent substitute would change its frames);
+ * a level that only borrows the f16 file falls back to a healthy one. */
 static int pick_small(h3r_engine *e, component *list, int n, const char *what, const char *quant,
                       int explicit_only, component **out) {
-    if (n == 0) return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s: no %s-<quant>.gguf in the model directory", e->dir, what);
+    for (int i = 0; quant && *quant && i < e->n_broken; i++)
+        if (strcmp(e->broken[i].kind, what) == 0 && strcmp(e->broken[i].quant, quant) == 0)
+            return h3r_seterr(e->broken[i].code, "quant=%s of model %s is unusable: %s", quant, e->name,
+                              e->broken[i].why);
+    if (n == 0) return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s: no usable %s-<quant>.gguf in the model directory", e->dir, what);
     if (quant && *quant) {
         component *c = find_quant(list, n, quant);
         if (c) {
             *out = c;
             return 0;
         }
-        for (int i = 0; explicit_only && i < e->n_broken; i++)
-            if (strcmp(e->broken[i].kind, what) == 0 && strcmp(e->broken[i].quant, quant) == 0)
-                return h3r_seterr(e->broken[i].code, "%s", e->broken[i].why);
         if (explicit_only)
             return h3r_seterr(H3R_ERR_UNSUPPORTED, "%s-%s.gguf is not in %s", what, quant, e->dir);
         if (strcmp(quant, "f32") != 0 && (c = find_quant(list, n, "f16")) != NULL) {
@@ -455,21 +458,45 @@ H3R_API const char *h3r_info_json(h3r_engine *e) {
     r |= appendf(&b, &len, &cap, "{\"engine\":\"%s\",\"engine_version\":\"%s\",\"abi\":%d,\"model\":",
                  H3R_ENGINE_NAME, H3R_ENGINE_VERSION, H3R_ABI_VERSION);
     r |= append_json_str(&b, &len, &cap, e->name);
+    /* a level is usable unless a file of its own (DiT, text encoder or VAE) is broken */
+    const char *why_unusable[MAX_LEVELS] = {0};
+    for (int i = 0; i < e->n_dit; i++)
+        for (int j = 0; j < e->n_broken; j++)
+            if (!why_unusable[i] && strcmp(e->broken[j].quant, e->dit[i].quant) == 0) why_unusable[i] = e->broken[j].why;
     r |= appendf(&b, &len, &cap, ",\"quant_levels\":[");
-    for (int i = 0; i < e->n_dit; i++) {
-        r |= appendf(&b, &len, &cap, i ? "," : "");
+    for (int i = 0, k = 0; i < e->n_dit; i++) {
+        if (why_unusable[i]) continue;
+        r |= appendf(&b, &len, &cap, k++ ? "," : "");
         r |= append_json_str(&b, &len, &cap, e->dit[i].quant);
     }
-    r |= appendf(&b, &len, &cap, "],\"weight_bytes\":{");
+    r |= appendf(&b, &len, &cap, "],\"unusable_levels\":{");
+    int nu = 0;
     for (int i = 0; i < e->n_dit; i++) {
+        if (!why_unusable[i]) continue;
+        r |= appendf(&b, &len, &cap, nu++ ? "," : "");
+        r |= append_json_str(&b, &len, &cap, e->dit[i].quant);
+        r |= appendf(&b, &len, &cap, ":");
+        r |= append_json_str(&b, &len, &cap, why_unusable[i]);
+    }
+    for (int j = 0; j < e->n_broken; j++) { /* levels whose DiT itself is broken */
+        if (strcmp(e->broken[j].kind, "transformer") != 0) continue;
+        r |= appendf(&b, &len, &cap, nu++ ? "," : "");
+        r |= append_json_str(&b, &len, &cap, e->broken[j].quant);
+        r |= appendf(&b, &len, &cap, ":");
+        r |= append_json_str(&b, &len, &cap, e->broken[j].why);
+    }
+    r |= appendf(&b, &len, &cap, "},\"weight_bytes\":{");
+    for (int i = 0, k = 0; i < e->n_dit; i++) {
+        if (why_unusable[i]) continue;
         component *te = NULL, *vae = NULL;
         size_t bytes = gguf_mapped_bytes(e->dit[i].file);
         if (e->n_te && pick_small(e, e->te, e->n_te, "text_encoder", e->dit[i].quant, 0, &te) == 0)
             bytes += gguf_mapped_bytes(te->file);
         if (e->n_vae && pick_small(e, e->vae, e->n_vae, "vae", e->dit[i].quant, 0, &vae) == 0)
             bytes += gguf_mapped_bytes(vae->file);
-        r |= appendf(&b, &len, &cap, "%s\"%s\":%zu", i ? "," : "", e->dit[i].quant, bytes);
+        r |= appendf(&b, &len, &cap, "%s\"%s\":%zu", k++ ? "," : "", e->dit[i].quant, bytes);
     }
+    h3r_clear_error(); /* pick_small above may have named a broken file: info itself succeeded */
     r |= appendf(&b, &len, &cap,
                  "},\"frame_rule\":{\"multiple\":%d,\"offset\":%d},\"size_multiple\":%d,\"max_pixels\":0,"
                  "\"fps\":%d,\"prompt\":\"token_ids\",\"text_len\":%d,\"text_dim\":%d,\"latent_channels\":%d,"

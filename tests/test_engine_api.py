@@ -71,12 +71,26 @@ def test_open_empty_dir_says_what_is_expected(tmp_path):
 
 
 def test_open_truncated_file_names_the_file(tiny, tmp_path):
+    """A broken file is set aside at open: its own level is unusable, naming it; the rest render."""
     broken = tmp_path / "broken"
     shutil.copytree(tiny, broken)
     vae = broken / "vae-f16.gguf"
     data = vae.read_bytes()
     vae.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelFileError, match="vae-f16.gguf"):
+    with Engine(broken) as eng:
+        info = eng.info()
+        assert info["quant_levels"] == ["f32"]
+        assert "vae-f16.gguf" in info["unusable_levels"]["f16"]
+        assert [b["file"] for b in info["broken_files"]] == ["vae-f16.gguf"]
+        with pytest.raises(ModelFileError, match=r"quant=f16 of model .* is unusable: .*vae-f16\.gguf"):
+            eng.generate(small_request(eng, quant="f16"))
+        frames = []
+        eng.generate(small_request(eng, quant="f32"), on_frame=lambda k, i, rgb: frames.append(i) if k == 0 else None)
+        assert frames
+    for f in broken.glob("*.gguf"):  # nothing usable left: open fails naming a file
+        if f.name != "vae-f16.gguf":
+            f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(ModelFileError, match=r"\.gguf"):
         Engine(broken)
 
 

@@ -116,8 +116,8 @@ def level_problems(path: Path, quants: list[str]) -> dict[str, str]:
     """quant level -> why it cannot render, as the engine sees the files now.
 
     The engine opens every file (headers, tensor table, sizes against the file) and sets
-    a broken one aside with its message; a level is unusable when its DiT file is broken
-    or when no text encoder or VAE file loads at all."""
+    a broken one aside with its message; a level whose own DiT, text encoder or VAE file
+    is broken is unusable (info "unusable_levels"), and every other level stays usable."""
     from h3render.engine.binding import Engine
     from h3render.engine.exceptions import EngineError
 
@@ -126,16 +126,8 @@ def level_problems(path: Path, quants: list[str]) -> dict[str, str]:
             info = eng.info()
     except EngineError as e:
         return {q: e.message for q in quants}
-    broken = {(b["component"], b["quant"]): b["error"] for b in info.get("broken_files", [])}
-    out = {}
-    for q in quants:
-        if ("transformer", q) in broken:
-            out[q] = broken[("transformer", q)]
-        elif not info["components"]["text_encoder"] or not info["components"]["vae"]:
-            missing = [c for c in ("text_encoder", "vae") if not info["components"][c]]
-            why = "; ".join(v for (c, _), v in broken.items() if c in missing)
-            out[q] = f"no usable {' or '.join(missing)} file" + (f": {why}" if why else "")
-    return out
+    unusable = dict(info.get("unusable_levels") or {})
+    return {q: unusable[q] for q in quants if q in unusable}
 
 
 def check_level(path: Path, quant: str) -> None:
