@@ -39,7 +39,8 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except JobValidationError as e:
-            _fail(e.to_dict() if as_json else "invalid job:\n" + "\n".join(f"  {p}" for p in e.problems), 2, as_json)
+            head = getattr(e, "heading", "invalid job")  # capacity.DoesNotFitError: "does not fit any machine"
+            _fail(e.to_dict() if as_json else f"{head}:\n" + "\n".join(f"  {p}" for p in e.problems), 2, as_json)
         except (QueueInputError, NotFoundError) as e:
             _fail({"error": str(e)} if as_json else str(e), 2, as_json)
         except NotStoredError as e:  # Redis could not persist: nothing was queued

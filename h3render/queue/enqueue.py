@@ -29,7 +29,7 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-from h3render.queue import durability
+from h3render.queue import capacity, durability
 from h3render.queue import estimate as est
 from h3render.queue.connection import single_attempt
 from h3render.queue.engine_info import engine_info
@@ -101,7 +101,8 @@ def plan(
     """Validate and resolve every payload; with preview, small versions of all come first.
 
     Raises JobValidationError with every distinct problem (a sweep with one bad fixed
-    field reports it once, not once per job), NotStoredError when Redis refuses the
+    field reports it once, not once per job), capacity.DoesNotFitError (a JobValidationError)
+    for jobs no live machine can ever admit, NotStoredError when Redis refuses the
     writes planning makes (rq's registry cleanup) because it cannot persist.
     """
     try:
@@ -135,6 +136,7 @@ def _plan(r: redis.Redis, payloads: Sequence[Mapping[str, Any]], settings: Setti
         full.append(Planned(new_job_id(), job, est.job_seconds(job, info, tm), tm.source, warnings=warnings))
     if problems:
         raise JobValidationError(problems)
+    capacity.check(r, full, settings, infos)  # the full versions: a preview is smaller
     if not preview:
         return full
     small = []
