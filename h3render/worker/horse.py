@@ -123,7 +123,7 @@ def horse_main(connection, worker_key: str, job_id: str, queue_name: str) -> Non
     handled (rq's main_work_horse)."""
     from rq.executions import Execution
 
-    from h3render.worker.worker import AllowlistJob
+    from h3render.worker.allowlist import AllowlistJob
 
     kwargs = receive_connection(connection) if isinstance(connection, int) else dict(connection)
     conn = redis.Redis(**kwargs)

@@ -36,7 +36,7 @@ import os
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import timezone
 from multiprocessing import get_context
 
 import redis

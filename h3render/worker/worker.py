@@ -14,7 +14,8 @@
                 Idle dequeues are cut into slices of at most IDLE_SLICE_S; between
                 slices the worker refreshes its host lock, keeps its scheduler process
                 alive and sweeps the started registry for jobs of dead workers
-                (h3render.worker.scheduling), and re-runs the gate.
+                (h3render.worker.upkeep, h3render.worker.scheduling), and re-runs the
+                gate.
     around a job  any exception while a job is prepared, spawned, monitored or
                 settled is caught here: once Redis is usable again the render process
                 (if still running) is watched to its end, and a job left unsettled is
@@ -27,8 +28,9 @@
     allowlist   a job the allowlist refuses (h3render.worker.render.refusal) is failed
                 without spawning anything (no retry). The render process is our own
                 (h3render.worker.horse): it checks the job again before running it.
-                Jobs are AllowlistJob everywhere in the worker, so rq's own paths
-                never import a function a job names unless it is the allowed one.
+                Jobs are AllowlistJob (h3render.worker.allowlist) everywhere in the
+                worker, so rq's own paths never import a function a job names unless
+                it is the allowed one.
     one per host  h3render.worker.hostlock. A dead predecessor's jobs are recovered at
                 once when its lock is taken over.
     at start    the engine info of every installed model is published for validating
@@ -54,9 +56,7 @@ import redis
 from rq import Queue, worker_registration
 from rq.connections import get_connection_kwargs
 from rq.exceptions import InvalidJobOperation, StopRequested
-from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
-from rq.registry import clean_registries
 from rq.serializers import JSONSerializer
 from rq.utils import get_version, now
 from rq.worker import SpawnWorker, WorkerStatus
@@ -65,61 +65,20 @@ from h3render.keys import HEALTH_HISTORY_KEY, HEALTH_KEY
 from h3render.queue.job import JobPhase
 from h3render.queue.jobstate import save_h3r
 from h3render.settings import Settings
-from h3render.worker import intake, scheduling
+from h3render.worker import intake, records, scheduling
+from h3render.worker.allowlist import AllowlistJob, RefusedJobError  # noqa: F401 - re-exported
 from h3render.worker.health import Check, Decision, Readings, Reason, decide
 from h3render.worker.horse import CancelAwareFailures, fail_refused, horse_main, send_connection  # noqa: F401
 from h3render.worker.hostlock import HostLock, WorkerLockedError  # noqa: F401 - re-exported
 from h3render.worker.outage import FatalWorkerError, classify, one_line, wait_until_usable, write_problem
 from h3render.worker.render import refusal
 from h3render.worker.sensors import read_readings
+from h3render.worker.upkeep import Upkeep
 
 log = logging.getLogger("h3render.worker")
 
 IDLE_SLICE_S = 5  # longest blocking dequeue between two looks at locks, scheduler and sweep
 ERROR_PAUSE_MAX_S = 30.0
-
-
-class RefusedJobError(RuntimeError):
-    """A job the allowlist refuses was about to be run (see render.refusal)."""
-
-
-class AllowlistJob(Job):
-    """rq's Job that resolves no function but ALLOWED_FUNC and no callbacks at all.
-
-    rq imports whatever a job names when it reads `func` or a callback property
-    (the worker's abandoned-job cleanup calls failure callbacks in the worker
-    process itself). Here `func` raises RefusedJobError unless `refusal(job)` is
-    None, callbacks resolve to None (logged), and webhooks are never sent.
-    """
-
-    @property
-    def func(self):
-        why = refusal(self)
-        if why:
-            raise RefusedJobError(why)
-        return super().func
-
-    def _no_callback(self, kind: str, name: str | None):
-        if name:
-            log.error("job %s names %s callback %r; not run (render jobs carry no callbacks)",
-                      self.id, kind, name)
-        return None
-
-    @property
-    def success_callback(self):
-        return self._no_callback("success", self._success_callback_name)
-
-    @property
-    def failure_callback(self):
-        return self._no_callback("failure", self._failure_callback_name)
-
-    @property
-    def stopped_callback(self):
-        return self._no_callback("stopped", self._stopped_callback_name)
-
-    def send_webhooks(self, status, *, exc_string=None) -> None:
-        if self.webhooks:
-            log.error("job %s carries webhooks; not sent (render jobs carry none)", self.id)
 
 
 def paused_seconds(pauses: list[dict], now: float) -> float:
@@ -156,7 +115,7 @@ def publish_health(r: redis.Redis, host: str, decision: Decision, worker: str,
     return doc
 
 
-class H3Worker(CancelAwareFailures, SpawnWorker):
+class H3Worker(CancelAwareFailures, Upkeep, SpawnWorker):
     """See the module doc. Build with `H3Worker.create(connection, settings, ...)`."""
 
     def __init__(self, *args, settings: Settings | None = None, host: str | None = None,
@@ -341,112 +300,6 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
             except Exception as e:  # noqa: BLE001 - going away anyway
                 log.error("worker %s: at exit: %s", self.name, one_line(e))
 
-    def _start_scheduler(self, burst: bool = False, logging_level="INFO", date_format=None,
-                         log_format=None):
-        """rq's, with our scheduler (h3render.worker.scheduling.H3Scheduler)."""
-        scheduling.clear_dead_scheduler_locks(self.connection, self.queues, self.host)
-        kw = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v}
-        self.scheduler = scheduling.H3Scheduler(
-            self.queues, connection=self.connection, logging_level=logging_level or "INFO",
-            serializer=self.serializer, job_class=self.job_class, worker_name=self.name, **kw)
-        self.scheduler.acquire_locks()
-        if not self.scheduler.acquired_locks:
-            return
-        if burst:
-            try:
-                self.scheduler.register_birth()
-                self.scheduler.enqueue_scheduled_jobs()
-            finally:
-                self.scheduler.release_locks()
-                self.scheduler.register_death()
-        else:
-            self.scheduler.start()
-
-    def stop_scheduler(self):
-        p = self.scheduler._process
-        if p is not None and p.pid:
-            try:
-                os.kill(p.pid, signal.SIGTERM)
-            except OSError:
-                pass
-            p.join(timeout=10)
-
-    def tick(self) -> None:
-        """Between dequeue slices: the host lock, the scheduler process, the started-registry
-        sweep. A Redis outage is raised to the loop; any other error is logged only."""
-        for what, step in (("registration", self._reregister_if_lost),
-                           ("scheduler", self._keep_scheduler),
-                           ("sweep", self._sweep_if_due)):
-            try:
-                step()
-            except StopRequested:
-                raise
-            except Exception as e:  # noqa: BLE001
-                if classify(e) is not None:
-                    raise
-                log.exception("worker %s: %s: %s", self.name, what, one_line(e))
-
-    def _keep_scheduler(self) -> None:
-        if not self._burst and self.scheduler is not None:
-            scheduling.ensure_scheduler(self)
-
-    def _sweep_if_due(self, force: bool = False) -> None:
-        if force or time.monotonic() - self._last_sweep >= scheduling.sweep_every_s(self.settings):
-            self._last_sweep = time.monotonic()
-            scheduling.sweep_started(self)
-
-    # ------------------------------------------------------------ maintenance
-
-    def run_maintenance_tasks(self):
-        self.clean_registries()
-
-    def clean_registries(self):
-        """rq's registry cleanup, after our own sweep of the started registry and of the
-        intermediate list (so rq never loads a record unchecked), one step at a time."""
-        self.last_cleaned_at = now()
-        for queue in self.queues:
-            if not queue.acquire_maintenance_lock():
-                continue
-            try:
-                for what, step in (("started", lambda: self._sweep_if_due(force=True)),
-                                   ("intermediate", lambda: self.requeue_stuck(queue)),
-                                   ("registries", lambda: clean_registries(queue, self._exc_handlers)),
-                                   ("workers", lambda: worker_registration.clean_worker_registry(queue))):
-                    try:
-                        step()
-                    except StopRequested:
-                        raise
-                    except Exception as e:  # noqa: BLE001
-                        if classify(e) is not None:
-                            raise
-                        log.exception("worker %s: cleaning %s of %s: %s", self.name, what, queue.name,
-                                      one_line(e))
-            finally:
-                try:
-                    queue.release_maintenance_lock()
-                except redis.RedisError:
-                    pass
-
-    def requeue_stuck(self, queue: Queue) -> None:
-        """Ids left in the queue's intermediate list by a worker that died between its
-        dequeue and the start of the job: checked, and put back at the front of the queue
-        after a minute (the job never ran)."""
-        inter = IntermediateQueue(queue.key, self.connection)
-        started = queue.started_job_registry.key
-        for raw in self.connection.lrange(inter.key, 0, -1):
-            found = intake.Found(inter.key, [raw])
-            job = intake.load(self.connection, queue.name, raw, worker=self.name, job_class=self.job_class,
-                              serializer=self.serializer, found=found)
-            if job is None or intake.started_entries(self.connection, started, job.id):
-                continue
-            if inter.set_first_seen(job.id) or not inter.should_be_cleaned_up(job.id):
-                continue
-            with self.connection.pipeline(transaction=True) as pipe:
-                pipe.lrem(inter.key, 1, raw)
-                pipe.lpush(queue.key, raw)
-                pipe.execute()
-            log.warning("job %s was stuck in %s; put back at the front of the queue", job.id, inter.key)
-
     # ------------------------------------------------------------ gate
 
     def evaluate_gate(self) -> Decision:
@@ -552,7 +405,7 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
         except BaseException as e:  # noqa: BLE001 - see the module doc
             self._settle(job, queue, e)
         try:
-            self._after_job(job)
+            self._after_job(job, queue)
         except Exception as e:  # noqa: BLE001
             log.error("job %s: after the job: %s", job.id, one_line(e))
 
@@ -586,8 +439,20 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
                     self._sleep(1.0)
         log.error("job %s: left for the started-registry sweep", job.id)
 
+    def _failed_as_corrupt(self, job: Job, queue: Queue) -> bool:
+        """Fail the job if its record went bad while it ran (someone wrote to it): True
+        when it was. The render may have finished; the record must be readable again."""
+        raw = self.connection.hgetall(job.key)
+        problems = records.check_record(raw, queue.name) if raw else []
+        if problems:
+            intake.fail_corrupt(self.connection, queue.name, job.id, problems, self.name,
+                                self.job_class, self.serializer)
+        return bool(problems)
+
     def _fail_unsettled(self, job: Job, queue: Queue, reason: str) -> None:
         r = self.connection
+        if self._failed_as_corrupt(job, queue):
+            return
         status = job.get_status(refresh=True)
         started = intake.started_entries(r, queue.started_job_registry.key, job.id)
         r.lrem(queue.intermediate_queue_key, 0, job.id)
@@ -618,11 +483,12 @@ class H3Worker(CancelAwareFailures, SpawnWorker):
             os.close(fd)
         self.procline(f"Spawned {self._horse_pid} at {time.time()}")
 
-    def _after_job(self, job: Job) -> None:
+    def _after_job(self, job: Job, queue: Queue) -> None:
         self._timeout_base.pop(job.id, None)
         try:
             job.refresh()
         except Exception:  # noqa: BLE001 - the job may have expired, or its record broke
+            self._failed_as_corrupt(job, queue)
             return
         h = job.meta.get("h3r") or {}
         if h.get("state") == JobPhase.canceled.value and job.get_status() != JobStatus.CANCELED:

@@ -168,6 +168,41 @@ def test_corrupt_records_fail_their_job_and_the_worker_goes_on(worker_env, redis
     assert any("not a hash" in d["reason"] for d in rejected)
 
 
+MIDRUN = [("status", b"garbage"), ("meta", b"{not json"), ("created_at", b"garbage"),
+          ("retries_left", b"many"), (b"\xff\xfe".decode("latin-1"), b"x")]
+
+
+def test_record_corrupted_while_its_job_runs(worker_env, redis_conn, h3_settings, fault_table):
+    """The render process and the worker both read and write the record while the job
+    runs; a corruption then ends that job (finished, or failed naming the field), never
+    the worker."""
+    r = redis_conn
+    ids = [enqueue(r, dict(SMALL, steps=150, seed=i), h3_settings).job_ids[0] for i in range(len(MIDRUN))]
+    good = enqueue(r, dict(SMALL, steps=2, seed=99), h3_settings).job_ids[0]
+    p = start_worker(worker_env, "--burst")
+    try:
+        for jid, (field, value) in zip(ids, MIDRUN):
+            wait_for(lambda: (h3meta(r, jid).get("step") or 0) >= 5, 60, f"{jid} denoising")
+            _plant(r, jid, field, value)
+        p.wait(timeout=120)
+    finally:
+        out = stop(p)
+    held, ends = 0, []
+    for jid, (field, _) in zip(ids, MIDRUN):
+        job, row = fetch(r, jid), job_status(r, jid)
+        err = (job.meta.get("h3r") or {}).get("error") or ""
+        st = job.get_status()
+        ok = st == JobStatus.FINISHED or (st == JobStatus.FAILED and _named(field) in err)
+        held += ok and getattr(row.state, "value", row.state) in ("finished", "failed")
+        ends.append(f"{field if field.isascii() else 'a non-UTF-8 field name'}: {st.value}")
+    good_done = fetch(r, good).get_status() == JobStatus.FINISHED
+    row = fault_table("records", "record corrupted while its job runs", tried=len(MIDRUN), held=held,
+                      lost=int(not good_done), bound="0 worker exits; the job ends, readable",
+                      note=", ".join(ends))
+    assert p.returncode == 0 and "unhandled exception" not in out, out[-3000:]
+    assert row.ok, (row, out[-3000:])
+
+
 # ---------------------------------------------------------------- Redis refusing writes
 
 
