@@ -83,6 +83,34 @@ def test_retry_runs_on_time_after_a_redis_restart(worker_env, redis_conn, redis_
     assert row.ok, out[-4000:]
 
 
+def test_redis_killed_mid_render_the_worker_waits_and_the_job_ends(worker_env, redis_conn, redis_server,
+                                                                   h3_settings, fault_table):
+    settings = h3_settings.model_copy(update={"retry_intervals_s": [1, 1, 1]})
+    r = redis_conn
+    jid = enqueue(r, dict(SMALL, steps=300), settings).job_ids[0]
+    after = enqueue(r, dict(SMALL, steps=2, seed=7), settings).job_ids[0]
+    p = start_worker(worker_env)
+    try:
+        wait_for(denoising(r, jid, 20), 60, "denoising")
+        redis_server.kill()
+        time.sleep(3.0)
+        r = redis_server.start()
+        back = time.time()
+        wait_for(lambda: all(fetch(r, j).get_status() == JobStatus.FINISHED for j in (jid, after)), 120,
+                 "both jobs finished")
+        took = time.time() - back
+        alive = p.poll() is None
+        m = h3meta(r, jid)
+    finally:
+        out = stop(p)
+    ok = alive and "unhandled exception" not in out
+    row = fault_table("scheduling", "Redis SIGKILL mid-render", tried=1, held=int(ok), lost=0,
+                      bound="worker waits for Redis; the job and the next one finish",
+                      note=f"Redis down 3 s; both done {took:.1f} s after it was back; the killed job "
+                           f"in attempt {m.get('attempt')}")
+    assert row.ok, out[-4000:]
+
+
 def test_scheduler_dies_with_its_worker(worker_env, redis_conn, fault_table):
     r = redis_conn
     trials, held, gone_in = 3, 0, []
