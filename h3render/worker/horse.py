@@ -47,16 +47,17 @@ def fail_refused(worker: Worker, job: Job, queue: Queue, msg: str) -> None:
 
 
 class CancelAwareFailures:
-    """handle_job_failure for the worker and the render process: a canceled job ends
-    canceled instead of going back through rq's retry."""
+    """handle_job_failure for the worker and the render process: a job asked to stop ends
+    canceled, whatever else went wrong, instead of going back through rq's retry."""
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string=""):
         try:
-            canceled = job.should_retry and intake.cancel_requested(self.connection, job.id)
+            canceled = intake.cancel_requested(self.connection, job.id)
         except redis.RedisError:
             canceled = False
         if canceled:
-            intake.end_canceled(self.connection, job, "instead of a retry")
+            intake.end_canceled(self.connection, job,
+                                "instead of a retry" if job.should_retry else "as asked")
             with self.connection.pipeline() as pipe:
                 self.cleanup_execution(job, pipeline=pipe)
                 pipe.execute()

@@ -104,6 +104,46 @@ def _named(field: str) -> str:
     return "field (field name" if field == b"\xff\xfe".decode("latin-1") else f"field {field}="
 
 
+def _good_record() -> dict:
+    """A record as rq 2.12 writes it for a render job (bytes -> bytes)."""
+    import zlib as z
+
+    return {b"created_at": b"2026-01-31T12:00:00.000000Z", b"enqueued_at": b"2026-01-31T12:00:00.100000Z",
+            b"started_at": b"", b"ended_at": b"", b"last_heartbeat": b"", b"status": b"queued",
+            b"timeout": b"1841", b"result_ttl": b"2592000", b"failure_ttl": b"2592000",
+            b"retries_left": b"3", b"retry_intervals": b"[30, 120, 600]", b"origin": b"h3render",
+            b"description": b"tiny-wan/f32 64x64x17", b"worker_name": b"", b"group_id": b"",
+            b"success_callback_name": b"", b"failure_callback_name": b"", b"stopped_callback_name": b"",
+            b"meta": b'{"h3r": {"state": "queued"}}',
+            b"data": z.compress(b'["h3render.worker.render.render_job", null, [], {"job": {}}]')}
+
+
+@pytest.mark.parametrize("field,value", CORRUPTIONS, ids=[f"{f[:12]}-{i}" for i, (f, _) in enumerate(CORRUPTIONS)])
+def test_each_corruption_is_named_and_its_repair_loads(field, value):
+    """Pure: the check names the field; after the repairs rq's own loader reads the record."""
+    from rq.job import Job
+
+    from h3render.worker import records
+
+    assert records.check_record(_good_record(), "h3render", ("queued",)) == []
+    raw = _good_record()
+    key = b"\xff\xfe" if field == b"\xff\xfe".decode("latin-1") else field.encode()
+    if value is None:
+        raw.pop(key)
+    else:
+        raw[key] = value
+    problems = records.check_record(raw, "h3render", ("queued",))
+    assert problems and any(_named(field) in p.message for p in problems), problems
+    assert all(len(p.message) < 600 for p in problems)
+    for p in problems:
+        if p.repair is None:
+            raw.pop(p.hash_field, None)
+        else:
+            raw[p.hash_field] = p.repair
+    assert records.check_record(raw, "h3render", None) == []
+    Job(id="j-x", connection=redis.Redis(port=1)).restore(raw)  # rq loads it again (no I/O)
+
+
 def test_corrupt_records_fail_their_job_and_the_worker_goes_on(worker_env, redis_conn, h3_settings,
                                                                fault_table):
     r = redis_conn
