@@ -220,6 +220,20 @@ def test_expired_jobs_leave_the_counts(r, h3_settings):
     assert sweepstatus.sweep_state(r, res.sweep_id).reread == 0
 
 
+def test_hostile_index_and_list_entries_are_read_past(r, h3_settings):
+    res = enqueue_sweep(r, SMALL, {"seed": [1, 2, 3]}, h3_settings)
+    a, b, c = res.job_ids
+    r.hset(SWEEP_STATES_KEY.format(id=res.sweep_id), b, "not-a-state")
+    fail(r, h3_settings, c)
+    st = sweepstatus.sweep_state(r, res.sweep_id)
+    assert st.summary["states"] == {"queued": 2, "failed": 1}
+    assert r.hget(SWEEP_STATES_KEY.format(id=res.sweep_id), b) == b"queued"  # corrected
+    r.rpush(f"h3render:sweep:{res.sweep_id}:jobs", "j-bad\nid", "j-nul\x00")  # ids no job has
+    st = sweepstatus.sweep_state(r, res.sweep_id)
+    assert st.summary["states"] == {"queued": 2, "failed": 1} and len(st.ids) == 5
+    assert sweepstatus.sweep_state(r, res.sweep_id).summary == st.summary
+
+
 # ---------------------------------------------------------------- abandoned
 
 

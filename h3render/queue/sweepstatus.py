@@ -2,26 +2,26 @@
 
     st = sweep_state(r, sweep_id)        counts per state, remaining time, each job's state
     rows = page_rows(r, st, ids)         rows of just these jobs (one pipeline)
-    ids = pick(st, limit=50)             the jobs worth a look first: live, failed, ...
+    ids = pick(st, limit=50)             the jobs worth a look first: abandoned, running, failed, ...
     ids = changed_since(r, sweep_id, t)  jobs whose state changed after t
 
 The index (h3render.queue.jobstate: SWEEP_STATES_KEY, SWEEP_CHANGED_KEY) gives every
-job's state in one HGETALL. It can be wrong where a writer bypassed it (rq moving a job
-on its own, an older writer), so each read checks it against rq in one script call:
-the registries (finished, failed, canceled, scheduled, deferred) each job is in. Jobs
-whose index state rq's registries contradict, and the few live ones (running or
-abandoned: their progress and liveness change without a state change), are re-read
-and the index is corrected (a compare-and-set). A sweep enqueued before the index
-existed has its index built once from one pipelined read.
+job's state without reading the job. It can be wrong where a writer bypassed it (rq
+moving a job on its own, an older writer), so each read checks it against rq, in one
+script call that returns the job list, each job's index state and the rq registry it
+is in (finished, failed, canceled, scheduled, deferred, started). The jobs whose index
+state their registry contradicts, and the few live ones (running or abandoned: their
+progress and their worker's liveness change without a state change), are re-read and
+the index is corrected (a compare-and-set). A sweep enqueued before the index existed
+has it built once from one pipelined read.
 
-What never changes per job (its estimate, its grid coordinates, the queue) is read
-once and kept as SWEEP_FACTS_KEY, so remaining time and the grid's layout need no read
-of the jobs either. Reads may write the two derived keys; no job's state is changed.
+What never changes per job (estimate, grid coordinates) comes from h3render.queue.
+sweepfacts, so remaining time and the grid need no read of the jobs either. Reads may
+write those two derived keys; no job's state is ever changed here.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,13 +39,12 @@ from rq.registry import (
 )
 
 from h3render.keys import SWEEP_CHANGED_KEY, SWEEP_FACTS_KEY, SWEEP_JOBS_KEY, SWEEP_KEY, SWEEP_STATES_KEY
-from h3render.queue import jobstate
+from h3render.queue import jobstate, sweepfacts
 from h3render.queue.errors import NotFoundError
 from h3render.queue.job import JobPhase
-from h3render.queue.status import JobRead, decode_payload, parse_meta, parse_record, read_jobs
+from h3render.queue.status import JobRead, parse_record, read_jobs
+from h3render.queue.sweepfacts import Facts
 
-PASS_AXIS = "pass"  # preview / full, an axis of sweeps with a preview pass (the dashboard's grid)
-FACTS_VERSION = 1
 CLOCK_SLACK_S = 10.0  # next_since stays this far behind now: writers on other machines' clocks
 TERMINAL = frozenset(p.value for p in JobPhase if p.terminal)
 LIVE = frozenset(p.value for p in JobPhase if not p.terminal and p != JobPhase.queued)
@@ -53,50 +52,65 @@ LIVE = frozenset(p.value for p in JobPhase if not p.terminal and p != JobPhase.q
 PICK_ORDER = {JobPhase.abandoned.value: 0, **{s: 1 for s in LIVE if s != JobPhase.abandoned.value},
               JobPhase.failed.value: 2, JobPhase.canceled.value: 3, JobPhase.queued.value: 4,
               JobPhase.finished.value: 5}
+# The index states the script can name, one letter each ('a' + position; '-' none, '?' other).
+VOCABULARY = [p.value for p in JobPhase] + [jobstate.EXPIRED]
 
-# One character per job id in ARGV: the rq registry it is in (KEYS: finished, failed,
-# canceled, scheduled, deferred), '.' for none, 'M' for more than one.
-_REGISTRIES = """
-local out = {}
-local codes = 'FXCWW'
-for i = 1, #ARGV do
-  local c, n = '.', 0
-  for k = 1, 5 do
-    if redis.call('ZSCORE', KEYS[k], ARGV[i]) then
-      n = n + 1
-      c = string.sub(codes, k, k)
-    end
-  end
-  if n > 1 then c = 'M' end
-  out[i] = c
+# KEYS: the sweep's job list, its states hash. ARGV: rq's key prefixes (job, then the
+# finished, failed, canceled, scheduled, deferred and started registries), then VOCABULARY.
+# Returns {queue, number of index entries, ids joined by newlines (or false when an id holds
+# one), one letter per job for its index state, one for its registry: F X C W W S, '.' none,
+# 'M' several, '?' queue unknown}.
+_READ = r"""
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local flat = redis.call('HGETALL', KEYS[2])
+local letter = {}
+for k = 8, #ARGV do letter[ARGV[k]] = string.char(96 + k - 7) end
+local st = {}
+for i = 1, #flat, 2 do st[flat[i]] = letter[flat[i + 1]] or '?' end
+local q = false
+for i = 1, math.min(#ids, 100) do
+  q = redis.call('HGET', ARGV[1] .. ids[i], 'origin')
+  if q then break end
 end
-return table.concat(out)
+local started = {}
+if q then
+  for _, m in ipairs(redis.call('ZRANGE', ARGV[7] .. q, 0, -1)) do
+    started[string.match(m, '^(.*):[^:]*$') or m] = true
+  end
+end
+local codes = 'FXCWW'
+local sts, regs, clean = {}, {}, true
+for i, id in ipairs(ids) do
+  if string.find(id, '\n', 1, true) then clean = false end
+  sts[i] = st[id] or '-'
+  local c, n = '?', 0
+  if q then
+    c = '.'
+    for k = 1, 5 do
+      if redis.call('ZSCORE', ARGV[k + 1] .. q, id) then
+        n = n + 1
+        c = string.sub(codes, k, k)
+      end
+    end
+    if started[id] then
+      n = n + 1
+      c = 'S'
+    end
+    if n > 1 then c = 'M' end
+  end
+  regs[i] = c
+end
+local joined = false
+if clean then joined = table.concat(ids, '\n') end
+return {q or '', #flat / 2, joined, table.concat(sts), table.concat(regs)}
 """
-REGISTRY_BATCH = 5000
-_AGREES = {  # registry code -> index states it agrees with
+_AGREES = {  # registry letter -> index states it agrees with
     ".": {JobPhase.queued.value, jobstate.EXPIRED},
     "W": {JobPhase.queued.value},
     "F": {JobPhase.finished.value, JobPhase.canceled.value},
     "X": {JobPhase.failed.value, JobPhase.canceled.value},
     "C": {JobPhase.canceled.value},
 }
-
-
-@dataclass
-class Facts:
-    """What never changes per job of a sweep, read once (SWEEP_FACTS_KEY)."""
-
-    queue: str | None
-    estimates: dict[str, float]  # job id -> seconds estimated at enqueue
-    params: dict[str, dict[str, Any]]  # job id -> its value of each axis of the record (and "pass")
-    prompts: list[str]  # distinct prompts, in run order (at most MAX_PROMPTS)
-
-    def to_json(self, n_jobs: int) -> str:
-        return json.dumps({"version": FACTS_VERSION, "jobs": n_jobs, "queue": self.queue,
-                           "estimates": self.estimates, "params": self.params, "prompts": self.prompts})
-
-
-MAX_PROMPTS = 20
 
 
 @dataclass
@@ -128,28 +142,61 @@ def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
+def _prefixes(r: redis.Redis) -> list[str]:
+    """rq's key prefixes the script appends a job id or a queue name to (from rq's own classes)."""
+    regs = (FinishedJobRegistry, FailedJobRegistry, CanceledJobRegistry, ScheduledJobRegistry,
+            DeferredJobRegistry, StartedJobRegistry)
+    return [Job.redis_job_namespace_prefix] + [cls("", connection=r).key for cls in regs]
+
+
+def _read_index(r: redis.Redis, sweep_id: str) -> tuple[list[str], dict[str, str], str, int]:
+    """(job ids, job id -> index state, registry letters, number of index entries), in one
+    script call."""
+    script = r.register_script(_READ)
+    keys = [SWEEP_JOBS_KEY.format(id=sweep_id), SWEEP_STATES_KEY.format(id=sweep_id)]
+    _q, n_index, joined, sts, regs = script(keys=keys, args=_prefixes(r) + VOCABULARY)
+    sts, regs = _text(sts), _text(regs)
+    if joined is None:  # an id with a newline in it: the list as Redis has it, every job a suspect
+        ids = [_text(i) for i in r.lrange(SWEEP_JOBS_KEY.format(id=sweep_id), 0, -1)]
+        regs = "?" * len(ids)
+    else:
+        ids = _text(joined).split("\n") if joined else []
+    index: dict[str, str] = {}
+    odd = []  # entries outside the vocabulary (a hostile or future value): read as they are
+    for job_id, letter in zip(ids, sts):
+        k = ord(letter) - 97
+        if 0 <= k < len(VOCABULARY):
+            index[job_id] = VOCABULARY[k]
+        elif letter == "?":
+            odd.append(job_id)
+    if odd:
+        for job_id, v in zip(odd, r.hmget(keys[1], odd)):
+            if v is not None:
+                index[job_id] = _text(v)
+    return ids, index, regs, int(n_index)
+
+
 def sweep_state(r: redis.Redis, sweep_id: str, now: float | None = None) -> SweepState:
     """Counts and each job's state of a sweep; NotFoundError for an unknown id."""
     now = time.time() if now is None else now
     pipe = r.pipeline(transaction=False)
     pipe.hgetall(SWEEP_KEY.format(id=sweep_id))
-    pipe.lrange(SWEEP_JOBS_KEY.format(id=sweep_id), 0, -1)
-    pipe.hgetall(SWEEP_STATES_KEY.format(id=sweep_id))
     pipe.get(SWEEP_FACTS_KEY.format(id=sweep_id))
     pipe.zrevrange(SWEEP_CHANGED_KEY.format(id=sweep_id), 0, 0, withscores=True)
-    raw_rec, raw_ids, raw_states, raw_facts, newest = pipe.execute()
+    raw_rec, raw_facts, newest = pipe.execute()
     if not raw_rec:
         raise NotFoundError(f"sweep {sweep_id!r} not found")
     record = parse_record(raw_rec)
-    ids = [_text(i) for i in raw_ids]
-    index = {_text(k): _text(v) for k, v in raw_states.items()}
-    facts = _facts(r, sweep_id, ids, record, raw_facts)
+    ids, index, regs, n_index = _read_index(r, sweep_id)
+    axes = list(record.get("axes") or {})
     reread: dict[str, JobRead] = {}
-    if ids and not index:  # enqueued before the index existed: build it from one read
-        reread = {j.row.id: j for j in read_jobs(r, ids, now=now)}
+    if ids and not n_index:  # enqueued before the index existed: build it (and the facts) from one read
+        reread = {j.row.id: j for j in read_jobs(r, ids, payload=True, now=now)}
+        facts = sweepfacts.load(r, sweep_id, ids, axes, raw_facts, list(reread.values()))
         todo = ids
     else:
-        todo = _suspects(r, ids, index, facts.queue)
+        facts = sweepfacts.load(r, sweep_id, ids, axes, raw_facts)
+        todo = [j for j, c in zip(ids, regs) if _suspect(index.get(j), c)]
         if todo:
             reread = {j.row.id: j for j in read_jobs(r, todo, now=now)}
     corrections = {}
@@ -164,7 +211,7 @@ def sweep_state(r: redis.Redis, sweep_id: str, now: float | None = None) -> Swee
         newest = [(b"", now)]
     states = {}
     for job_id in ids:
-        s = reread[job_id].row.state if job_id in reread else index.get(job_id, JobPhase.queued.value)
+        s = reread[job_id].row.state if job_id in reread else index.get(job_id) or JobPhase.queued.value
         if s != jobstate.EXPIRED:
             states[job_id] = s
     live = {k: v for k, v in reread.items() if v.row.state in LIVE}
@@ -173,76 +220,23 @@ def sweep_state(r: redis.Redis, sweep_id: str, now: float | None = None) -> Swee
     return SweepState(sweep_id, record, ids, states, live, facts, summary, last, now, corrected, len(todo))
 
 
-def _suspects(r: redis.Redis, ids: list[str], index: dict[str, str], queue: str | None) -> list[str]:
-    """Ids the index may be wrong about: live ones, ones without an entry, and ones whose
-    index state the registry rq keeps them in contradicts."""
-    if queue is None:
-        return [j for j in ids if index.get(j) != jobstate.EXPIRED]
-    keys = [FinishedJobRegistry(queue, connection=r).key, FailedJobRegistry(queue, connection=r).key,
-            CanceledJobRegistry(queue, connection=r).key, ScheduledJobRegistry(queue, connection=r).key,
-            DeferredJobRegistry(queue, connection=r).key]
-    script = r.register_script(_REGISTRIES)
-    codes = "".join(_text(script(keys=keys, args=ids[k:k + REGISTRY_BATCH]))
-                    for k in range(0, len(ids), REGISTRY_BATCH))
-    started = {_text(m).rpartition(":")[0] for m in r.zrange(StartedJobRegistry(queue, connection=r).key, 0, -1)}
-    out = []
-    for job_id, code in zip(ids, codes):
-        s = index.get(job_id)
-        if s is None or s in LIVE or job_id in started or s not in _AGREES.get(code, ()):
-            out.append(job_id)
-    return out
+def _suspect(state: str | None, registry: str) -> bool:
+    """Whether the index may be wrong about a job: no (known) entry, a live state (its progress
+    and liveness move without a state change), or a state its rq registry contradicts."""
+    return state is None or state in LIVE or state not in _AGREES.get(registry, ())
 
 
 def _summary(states: dict[str, str], live: dict[str, JobRead], facts: Facts) -> dict[str, Any]:
     counts = Counter(states.values())
+    estimates = facts.estimates
     remaining = 0.0
     for job_id, s in states.items():
         if s in TERMINAL:
             continue
         eta = live[job_id].row.eta_s if job_id in live else None
-        remaining += eta if eta is not None else facts.estimates.get(job_id, 0.0)
+        remaining += eta if eta is not None else estimates.get(job_id, 0.0)
     done = sum(counts[s] for s in TERMINAL)
     return {"jobs": len(states), "done": done, "states": dict(counts), "remaining_s": round(remaining, 1)}
-
-
-def _facts(r: redis.Redis, sweep_id: str, ids: list[str], record: dict[str, Any], raw: bytes | None) -> Facts:
-    if raw:
-        try:
-            doc = json.loads(raw)
-            if doc.get("version") == FACTS_VERSION and doc.get("jobs") == len(ids):
-                return Facts(doc.get("queue"), doc["estimates"], doc["params"], doc.get("prompts") or [])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass  # rebuilt below
-    facts = build_facts(r, ids, record)
-    r.set(SWEEP_FACTS_KEY.format(id=sweep_id), facts.to_json(len(ids)))
-    return facts
-
-
-def build_facts(r: redis.Redis, ids: list[str], record: dict[str, Any]) -> Facts:
-    """One pipelined read of every job's payload and meta: estimates, axis values, queue."""
-    axes = list(record.get("axes") or {})
-    pipe = r.pipeline(transaction=False)
-    for j in ids:
-        pipe.hmget(Job.key_for(j), "data", "meta", "origin")
-    queue = None
-    estimates, params, prompts = {}, {}, {}
-    for job_id, (data, meta, origin) in zip(ids, pipe.execute()):
-        if data is None and meta is None:
-            continue  # expired
-        queue = queue or (_text(origin) if origin else None)
-        m = parse_meta(meta)
-        p = decode_payload(data) or {}
-        est = (m.get("estimate") or {}).get("seconds") if isinstance(m.get("estimate"), dict) else None
-        estimates[job_id] = float(est) if isinstance(est, (int, float)) and not isinstance(est, bool) else 0.0
-        params[job_id] = {a: _hashable(p.get(a)) for a in axes} | {PASS_AXIS: "preview" if m.get("preview") else "full"}
-        if isinstance(p.get("prompt"), str) and len(prompts) < MAX_PROMPTS:
-            prompts.setdefault(p["prompt"], None)
-    return Facts(queue, estimates, params, list(prompts))
-
-
-def _hashable(v: Any) -> Any:
-    """An axis value as the grid can key on it (a list or dict by its JSON text)."""
-    return json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
 
 
 def page_rows(r: redis.Redis, st: SweepState, ids: list[str], payload: bool = False) -> list[JobRead]:
