@@ -341,16 +341,33 @@ def sweep(toml_file, preview, preview_every, priority, options, dry_run, wait, a
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--watch", is_flag=True, help="refresh until the job or sweep ends (Ctrl-C to leave)")
 @click.option("--interval", default=2.0, type=float, show_default=True, help="seconds between refreshes")
-@click.option("--limit", default=50, type=int, show_default=True, help="jobs shown without an id")
+@click.option("--limit", default=50, type=click.IntRange(min=1), show_default=True,
+              help="jobs shown (of a sweep: abandoned, running and failed first)")
+@click.option("--page", default=None, type=click.IntRange(min=0),
+              help="of a sweep: page N (from 0) of --limit jobs in run order")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help="of a sweep: only jobs in this state (repeatable): queued, denoising, failed, ...")
+@click.option("--all", "all_rows", is_flag=True, help="of a sweep: every job")
 @handle_errors
-def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit: int) -> None:
-    """Jobs with state, progress, ETA and output; a job or sweep id narrows it; worker health last."""
+def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit: int, page: int | None,
+           states: tuple[str, ...], all_rows: bool) -> None:
+    """Jobs with state, progress, ETA and output (failed: the reason); a job or sweep id narrows it;
+    worker health last. A sweep shows its counts and --limit jobs; --page, --state or --all for others."""
     from rich.console import Console
     from rich.live import Live
 
     from h3render.queue import status as st
+    from h3render.queue import sweepstatus
     from h3render.queue.job import JobPhase
 
+    known = [p.value for p in JobPhase]
+    for s_ in states:
+        if s_ not in known:
+            import difflib
+
+            close = difflib.get_close_matches(s_, known, n=1, cutoff=0.0)
+            raise QueueInputError(f"--state {s_!r}: not a job state; states: {', '.join(known)}"
+                                  + (f" (nearest: {close[0]})" if close else ""))
     settings = _settings()
     r = _redis(settings)
     kind = st.find(r, ident) if ident else None
@@ -360,9 +377,13 @@ def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit
             rows = [st.job_status(r, ident)]
             data: dict[str, Any] = {"job": rows[0].to_dict()}
         elif kind == "sweep":
-            sw = st.sweep_status(r, ident)
-            rows = sw["rows"]
-            data = {"sweep_id": ident, "record": sw["record"], "summary": sw["summary"]}
+            sw = sweepstatus.sweep_state(r, ident)
+            ids = sweepstatus.pick(sw, None if all_rows else limit, page, list(states) or None)
+            rows = [j.row for j in sweepstatus.page_rows(r, sw, ids)]
+            matching = sum(1 for v in sw.states.values() if not states or v in states)
+            data = {"sweep_id": ident, "record": sw.record, "summary": sw.summary,
+                    "shown": {"jobs": len(rows), "of": matching, "page": page, "limit": None if all_rows else limit,
+                              "states": list(states)}}
         else:
             rows = st.job_rows(r, st.recent_job_ids(r, settings, limit))
             data = {"summary": st.summarize(rows)}
@@ -372,6 +393,8 @@ def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit
         return data
 
     def finished(data) -> bool:
+        if kind == "sweep":
+            return data["summary"]["done"] >= data["summary"]["jobs"]
         return kind is not None and all(JobPhase(row.state).terminal for row in data["_rows"])
 
     if as_json:
@@ -379,7 +402,7 @@ def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit
             data = snapshot()
             rows = data.pop("_rows")
             click.echo(json.dumps(data, default=str))
-            if not watch or finished({"_rows": rows}):
+            if not watch or finished({**data, "_rows": rows}):
                 return
             time.sleep(interval)
     console = Console()
@@ -395,6 +418,20 @@ def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit
                 return
 
 
+PLAIN_ROWS = 200  # more rows than this print as plain aligned text
+STATE_COLORS = {"finished": "green", "failed": "red", "canceled": "yellow", "queued": "dim", "abandoned": "magenta"}
+
+
+def output_or_reason(row) -> str:
+    """The status table's last-but-one column: the reason of a failed, canceled or abandoned
+    job, the folder of a finished one, the last error of one queued again."""
+    if row.state in ("failed", "canceled", "abandoned"):
+        return row.error or "no reason recorded"
+    if row.state == "finished":
+        return row.output_dir or ""
+    return f"last error: {row.error}" if row.error else ""
+
+
 def render_status(data: dict[str, Any], kind: str | None):
     """A rich renderable: the job table, a summary line and one health line per worker."""
     from rich.console import Group
@@ -403,17 +440,30 @@ def render_status(data: dict[str, Any], kind: str | None):
 
     from h3render.queue.status import health_line
 
-    table = Table(show_lines=False, pad_edge=False)
-    for col in ("job", "state", "progress", "ETA", "output / error", "parameters"):
-        table.add_column(col, overflow="fold")
-    colors = {"finished": "green", "failed": "red", "canceled": "yellow", "queued": "dim"}
+    cols = ("job", "state", "progress", "ETA", "output / reason", "parameters")
+    cells = []
     for row in data["_rows"]:
         prog = f"{row.step}/{row.steps}" if row.step is not None and row.steps else (
             f"{100 * row.progress:.0f}%" if row.progress is not None else "-")
         state = row.state + (" (preview)" if row.preview else "")
-        table.add_row(row.id, Text(state, style=colors.get(row.state, "cyan")), prog, fmt_s(row.eta_s),
-                      row.output_dir or row.error or "", row.label)
-    parts: list[Any] = [table]
+        cells.append((row.id, state, prog, fmt_s(row.eta_s), output_or_reason(row), row.label))
+    if len(cells) > PLAIN_ROWS:  # rich lays out a table of thousands of rows in seconds
+        widths = [max(len(c[i]) for c in [cols, *cells]) for i in range(len(cols) - 1)]
+        lines = ["  ".join(c[i].ljust(w) for i, w in enumerate(widths)) + "  " + c[-1] for c in [cols, *cells]]
+        parts: list[Any] = [Text("\n".join(lines), no_wrap=True, overflow="ignore")]
+    else:
+        table = Table(show_lines=False, pad_edge=False)
+        for col in cols:
+            table.add_column(col, overflow="fold")
+        for c in cells:
+            table.add_row(c[0], Text(c[1], style=STATE_COLORS.get(c[1].split(" ")[0], "cyan")), *c[2:])
+        parts = [table]
+    shown = data.get("shown")
+    if shown and shown["jobs"] < shown["of"]:
+        how = (f"page {shown['page']} of {shown['limit']} in run order" if shown["page"] is not None
+               else "abandoned, running and failed first")
+        parts.append(Text(f"showing {shown['jobs']} of {shown['of']} jobs ({how}); "
+                          "--all for every job, --page N for run order, --state S to filter", style="dim"))
     summary = data.get("summary")
     if summary:
         states = ", ".join(f"{v} {k}" for k, v in sorted(summary["states"].items()))
