@@ -79,6 +79,7 @@ def test_cli_redis_status_start_stop(embedded_env):
     assert res.exit_code == 0, res.output
     res = runner.invoke(cli, ["redis", "status", "--json"])
     assert res.exit_code == 0 and '"aof_enabled": true' in res.output
+    assert '"appendfsync": "always"' in res.output and '"stored": "fsynced"' in res.output
     res = runner.invoke(cli, ["redis", "stop"])
     assert res.exit_code == 0 and "stopped" in res.output
     assert runner.invoke(cli, ["redis", "status"]).exit_code == 1

@@ -27,6 +27,8 @@ def redis_group() -> None:
 @handle_errors
 def status(as_json: bool) -> None:
     """Is it running, where, with AOF, how many keys. Exit 1 when not running."""
+    from h3render.queue import durability
+
     settings, server = _embedded()
     if settings.redis_url:
         from h3render.queue.connection import get_redis
@@ -37,15 +39,21 @@ def status(as_json: bool) -> None:
                 "aof_enabled": bool(info.get("aof_enabled")), "keys": r.dbsize()}
     else:
         data = server.status().to_dict()
+        r = server._ping() if data["running"] else None
+    if r is not None:  # what an acknowledged enqueue means on this server (durability.Stored)
+        p = durability.probe(r)
+        data.update(appendfsync=p.appendfsync, stored=p.stored.value, stored_means=p.stored.text)
     if as_json:
         click.echo(json.dumps(data))
     elif settings.redis_url:
         click.echo(f"using H3RENDER_REDIS_URL={settings.redis_url}: Redis {data['version']}, "
-                   f"AOF {'on' if data['aof_enabled'] else 'off'}, {data['keys']} keys")
+                   f"AOF {'on' if data['aof_enabled'] else 'off'}, {data['keys']} keys; "
+                   f"an acknowledged enqueue is {data['stored_means']}")
     elif data["running"]:
         click.echo(f"embedded Redis {data['version']} running: 127.0.0.1:{data['port']} pid {data['pid']}, "
                    f"AOF {'on' if data['aof_enabled'] else 'off'}, {data['keys']} keys, "
-                   f"{data['used_memory_human']}, dir {data['dir']}")
+                   f"{data['used_memory_human']}, dir {data['dir']}; an acknowledged enqueue is "
+                   f"{data['stored_means']}")
     else:
         click.echo(f"embedded Redis not running (port {data['port']}, dir {data['dir']}); "
                    "any queue command starts it")
