@@ -9,6 +9,8 @@
     sweep            grids from flags or TOML, ordering, preview versions (pure)
     estimate         per-step time model, fitted to finished jobs (pure + one reader)
     enqueue          enqueue(), enqueue_sweep(): one pipeline, JSON serializer
+    durability       what an acknowledged enqueue means on this Redis, checked around the write
+    capacity         a job no live worker's machine can ever admit is refused at enqueue
     status           rows, sweep summaries, worker health
     control          cancel(), retry() for jobs and sweeps
 Submodules are imported where used; importing h3render.queue itself is free.
