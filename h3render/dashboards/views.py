@@ -223,7 +223,8 @@ def media(job_id: str, name: str):
 
 def _row_json(i: data.JobItem) -> dict:
     return {"id": i.id, "state": i.row.state, "step": i.row.step, "steps": i.row.steps,
-            "progress": i.row.progress, "eta_s": i.row.eta_s, "phase": i.phase,
+            "progress": i.row.progress, "eta_s": i.row.eta_s,
+            "phase": None if i.row.state == JobPhase.abandoned.value else i.phase,  # its last phase is over
             "error": i.row.error, "peak_rss": i.peak_rss, "render_s": i.render_s}
 
 
