@@ -251,8 +251,13 @@ def run(r, server: EmbeddedRedis, home: Path, args) -> int:
     print("| case | s |\n| --- | ---: |")
     for name, vs in times.items():
         print(f"| {name} | {spread(vs)} |")
+    r.config_resetstat()  # what one read of the index costs Redis itself (it blocks other clients)
+    for _ in range(5):
+        sweepstatus.sweep_state(r, sweep_id)
+    script_ms = r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / 1000
+    print(f"\nthe index read's script: {script_ms:.1f} ms of Redis time per status or poll")
     page_html = page().get_data(as_text=True)
-    print(f"\npage: {page_html.count('data-job-id=')} cells, {len(page_html) // 1024} KiB; poll since: "
+    print(f"page: {page_html.count('data-job-id=')} cells, {len(page_html) // 1024} KiB; poll since: "
           f"{len(doc['jobs'])} changed + {len(doc['live'])} live rows; final counts "
           f"{json.dumps(st.summary['states'], sort_keys=True)}")
     return 0

@@ -182,6 +182,15 @@ def test_a_stale_index_is_corrected_once(r, h3_settings):
     assert sweepstatus.sweep_state(r, res.sweep_id).summary["states"] == {"finished": 3, "queued": 7}
 
 
+def test_registries_larger_than_the_sweep_are_asked_per_job(r, h3_settings):
+    for _ in range(4):  # the finished registry now holds more jobs than the sweep has
+        finish(r, h3_settings, enqueue(r, SMALL, h3_settings).job_ids[0])
+    res = enqueue_sweep(r, SMALL, {"seed": [1, 2]}, h3_settings)
+    finish(r, h3_settings, res.job_ids[0], index=False)
+    st = sweepstatus.sweep_state(r, res.sweep_id)
+    assert st.summary["states"] == {"finished": 1, "queued": 1} and st.corrected == 1
+
+
 def test_a_sweep_from_before_the_index_gets_one_built(r, h3_settings):
     res = enqueue_sweep(r, SMALL, {"seed": list(range(1, 9))}, h3_settings)
     ids = res.job_ids

@@ -78,6 +78,19 @@ if q then
     started[string.match(m, '^(.*):[^:]*$') or m] = true
   end
 end
+-- a registry smaller than the sweep is read whole, a larger one asked per job: min(size, jobs) each
+local function member(key)
+  local n = redis.call('ZCARD', key)
+  if n == 0 then return function(id) return false end end
+  if n <= #ids then
+    local set = {}
+    for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do set[m] = true end
+    return function(id) return set[id] end
+  end
+  return function(id) return redis.call('ZSCORE', key, id) end
+end
+local tests = {}
+if q then for k = 1, 5 do tests[k] = member(ARGV[k + 1] .. q) end end
 local codes = 'FXCWW'
 local sts, regs, clean = {}, {}, true
 for i, id in ipairs(ids) do
@@ -87,7 +100,7 @@ for i, id in ipairs(ids) do
   if q then
     c = '.'
     for k = 1, 5 do
-      if redis.call('ZSCORE', ARGV[k + 1] .. q, id) then
+      if tests[k](id) then
         n = n + 1
         c = string.sub(codes, k, k)
       end
