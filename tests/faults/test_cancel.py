@@ -125,8 +125,9 @@ def test_cancel_while_scheduled_for_a_retry(worker_env, redis_conn, h3_settings,
     jid = enqueue(r, {**SMALL, "engine_options": {"test_crash_at_step": 1}}, settings).job_ids[0]
     p = start_worker(worker_env)
     try:
-        wait_for(lambda: fetch(r, jid).get_status() == JobStatus.SCHEDULED, 90, "the crashed job's retry")
-        assert jid in ScheduledJobRegistry(qn, connection=r).get_job_ids()
+        wait_for(lambda: fetch(r, jid).get_status() == JobStatus.SCHEDULED
+                 and jid in ScheduledJobRegistry(qn, connection=r).get_job_ids(), 90,
+                 "the crashed job to wait in the scheduled registry for its retry")
         took = cancel_and_time(r, jid)
         time.sleep(interval + 3)  # the retry would be due and taken by now
         m = h3meta(r, jid)
