@@ -104,6 +104,12 @@ def test_kill_9_of_the_render_leaves_no_temp_file_and_no_half_folder(worker_env,
                 killed = False
             trials.append({"job": jid, "killed": killed, "state": before})
             wait_for(lambda: _done(redis_conn, jid), 120, f"job {jid} to end after the kill")
+    except AssertionError as e:
+        out = stop(p)
+        job = fetch(redis_conn, trials[-1]["job"]) if trials else None
+        raise AssertionError(f"{e}\ntrials: {trials}\nlast job: "
+                             f"{job and (job.get_status(), job.retries_left, job.meta)}\n"
+                             f"worker output:\n{out[-6000:]}") from None
     finally:
         out = stop(p)
     leftovers = temp_files(renders)
