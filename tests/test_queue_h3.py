@@ -152,13 +152,15 @@ def test_all_problems_of_one_job_are_listed_once(r, h3_settings):
 
 
 def test_the_cpu_engine_keeps_its_own_frame_rule(r, h3_settings, monkeypatch):
-    """Only an h3.c info triggers the h3 options: a Wan info refuses 23 frames (4k+1)."""
+    """Only an h3.c info triggers the h3 options: a Wan info refuses 23 frames (4k+1), and h3.c's
+    dit_layers as an option the CPU engine does not have (issue 14: refused at enqueue, not in the worker)."""
     wan = {"engine": "h3render-cpu", "quant_levels": ["f16"], "size_multiple": 16,
            "frame_rule": {"multiple": 4, "offset": 1}, "max_pixels": 0, "samplers": ["unipc", "euler"],
            "defaults": {"width": 64, "height": 64, "frames": 5, "steps": 4}}
     publish_engine_info(r, "wan-like", wan)
     p = refused(r, h3_settings, model="wan-like", frames=23, engine_options={"dit_layers": 99})
-    assert set(p) == {"frames"} and p["frames"].nearest == "21 or 25"  # engine_options are the engine's to judge
+    assert set(p) == {"frames", "engine_options.dit_layers"} and p["frames"].nearest == "21 or 25"
+    assert "prewarm, test_crash_at_step" in p["engine_options.dit_layers"].rule
 
 
 def test_sweep_preview_drops_the_internal_canvas_and_stays_valid(r, h3_settings):

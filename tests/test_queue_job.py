@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from h3render.queue.errors import JobValidationError
 from h3render.queue.job import RENDER_FUNC, JobPhase, RenderJob
-from h3render.queue.validation import FIELDS, SPECS, resolve
+from h3render.queue.contract import resolve
+from h3render.queue.rules import FIELDS, SPECS
 
 # The limits a Wan engine publishes (h3r_info_json); the tiny model's shape.
 INFO = {

@@ -8,7 +8,7 @@ from h3render.queue import estimate as est
 from h3render.queue.errors import JobValidationError
 from h3render.queue.job import RenderJob
 from h3render.queue.sweep import expand, from_flags, from_toml, parse_axis, preview_version
-from h3render.queue.validation import resolve
+from h3render.queue.contract import resolve
 from h3render.settings import Settings
 
 from test_queue_job import INFO

@@ -15,12 +15,13 @@ Templates get `csrf_token(action_url)`: the token for a POST to that URL only.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from flask import Flask, Response, g, redirect, render_template, request
 
+from h3render.dashboards import filters, views
+from h3render.dashboards.context import DashState, state  # noqa: F401 - state is re-exported for rqdash
 from h3render.dashboards.security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -41,23 +42,6 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline';
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 # /rq's pages: rqdash.js never hands a string to an HTML sink, so Chromium may refuse them all.
 CSP_RQ = CSP + "; require-trusted-types-for 'script'; trusted-types 'none'"
-
-
-@dataclass
-class DashState:
-    """What every request needs: app.extensions["h3render"]."""
-
-    r: redis.Redis
-    settings: Settings
-    auth: Auth
-    csrf: Csrf
-    redis_url: str
-
-
-def state() -> DashState:
-    from flask import current_app
-
-    return current_app.extensions["h3render"]
 
 
 def redis_url_for(settings: Settings) -> str:
@@ -96,7 +80,7 @@ def create_app(settings: Settings | None = None, *, redis_conn: redis.Redis | No
         app.config["TRUSTED_HOSTS"] = trusted_hosts(host)
     app.extensions["h3render"] = DashState(redis_conn, settings, auth, Csrf(app.secret_key), url)
 
-    from h3render.dashboards import filters, rqdash, views
+    from h3render.dashboards import rqdash  # it reads this module's helpers: imported once they exist
 
     rqdash.install(app, url)
     filters.register(app)

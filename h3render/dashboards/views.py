@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from flask import Blueprint, abort, flash, jsonify, redirect, render_template, request, send_file, url_for
 
 from h3render.dashboards import charts, data
-from h3render.dashboards.app import state
+from h3render.dashboards.context import state
 from h3render.dashboards.grid import LayoutError, choose_layout, label
 from h3render.dashboards.plots import Series, bar_segments
 from h3render.queue import control

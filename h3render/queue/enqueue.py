@@ -29,7 +29,7 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-from h3render.queue import capacity, durability
+from h3render.queue import capacity, contract, durability
 from h3render.queue import estimate as est
 from h3render.queue.connection import single_attempt
 from h3render.queue.engine_info import engine_info
@@ -37,7 +37,6 @@ from h3render.queue.errors import JobValidationError, Problem
 from h3render.queue.jobstate import record_state
 from h3render.queue.job import RENDER_FUNC, JobPhase, RenderJob, new_job_id, new_sweep_id
 from h3render.queue.sweep import expand, preview_version
-from h3render.queue.validation import resolve_with_warnings
 from h3render.settings import Settings
 from h3render.keys import SWEEPS_KEY, SWEEP_JOBS_KEY, SWEEP_KEY
 
@@ -121,10 +120,11 @@ def _plan(r: redis.Redis, payloads: Sequence[Mapping[str, Any]], settings: Setti
     full: list[Planned] = []
     for payload in payloads:
         try:
-            # a Mapping becomes a dict; anything else goes to parse as it is, which refuses it
-            job = RenderJob.parse(dict(payload) if isinstance(payload, Mapping) else payload)
-            info = engine_info(r, job.model, infos)
-            job, warnings = resolve_with_warnings(job, info, rng)
+            # a Mapping becomes a dict; anything else goes to parse as it is, which refuses it.
+            # Both layers at once: every problem of the job in one answer (h3render.queue.contract).
+            checked = contract.check(dict(payload) if isinstance(payload, Mapping) else payload,
+                                     lambda model: engine_info(r, model, infos), rng)
+            job, info, warnings = checked.job, checked.info, checked.warnings
         except JobValidationError as e:
             problems.extend(p for p in e.problems if p not in problems)
             continue
@@ -143,7 +143,7 @@ def _plan(r: redis.Redis, payloads: Sequence[Mapping[str, Any]], settings: Setti
     for p in full:
         info = infos[p.job.model]
         try:  # the small version passes the engine's rules too (a resolved job is a fixed point)
-            pj, warnings = resolve_with_warnings(preview_version(p.job, info), info)
+            pj, warnings = contract.resolve_with_warnings(preview_version(p.job, info), info)
         except JobValidationError as e:
             problems.extend(q for q in e.problems if q not in problems)
             continue

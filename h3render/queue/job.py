@@ -3,9 +3,10 @@
 A RenderJob is validated twice:
   1. `RenderJob.parse(payload)`: types and ranges that hold for every engine
      (no I/O). Unknown fields are refused.
-  2. `resolve(job, info)` (h3render.queue.validation): against the target engine's
+  2. `resolve(job, info)` (h3render.queue.contract): against the target engine's
      limits, filling the model's defaults and drawing `seed="random"`, so the
      payload stored in Redis is complete and reproducible.
+The words of each rule and the nearest valid values are h3render.queue.rules'.
 Every error names the field, the value, the rule and the nearest valid value
 (h3render.queue.errors.Problem).
 
@@ -24,13 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.engine.limits import MAX_FRAMES, MAX_SIDE
 from h3render.keys import RENDER_FUNC  # noqa: F401 - re-exported for the queue's users
-
-SEED_MAX = 2**63 - 1
-MAX_PROMPT_CHARS = 4000
-SAMPLERS = ("unipc", "euler")
-PRIORITIES = ("normal", "high")
-# Quant level names: f16, q8_0, int8-row (h3.c). Lower-case letters, digits, '_' and '-'.
-QUANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,15}$"
+from h3render.queue.errors import JobValidationError, Problem
+from h3render.queue.rules import (  # noqa: F401 - the limits are re-exported for the job's users
+    MAX_PROMPT_CHARS,
+    PRIORITIES,
+    QUANT_PATTERN,
+    SAMPLERS,
+    SEED_MAX,
+    problems_from_pydantic,
+    short,
+)
 
 
 class JobPhase(str, Enum):
@@ -134,17 +138,14 @@ class RenderJob(BaseModel):
     @classmethod
     def parse(cls, payload: object) -> "RenderJob":
         """Validate a payload (dict); raise JobValidationError listing every bad field."""
-        from h3render.queue.validation import problems_from_pydantic  # avoids an import cycle
-        from h3render.queue.errors import JobValidationError, Problem
-
         if not isinstance(payload, dict):
             raise JobValidationError(
-                [Problem("job", _short(payload), "must be a JSON object of job fields "
+                [Problem("job", short(payload), "must be a JSON object of job fields "
                          f"({', '.join(cls.model_fields)}), not {_kind(payload)}", {"prompt": "..."})]
             )
         names = [k for k in payload if not isinstance(k, str)]
         if names:  # only a Python caller can do this (JSON names are text); pydantic's words would leak
-            raise JobValidationError([Problem("job", _short(k), "field names must be text: one of "
+            raise JobValidationError([Problem("job", short(k), "field names must be text: one of "
                                               + ", ".join(cls.model_fields), str(k)) for k in names])
         try:
             return cls.model_validate(payload)
@@ -177,8 +178,3 @@ def _kind(v: object) -> str:
     names = {list: "a list", tuple: "a list", str: "a text", bool: "a boolean", int: "a number", float: "a number",
              type(None): "null", bytes: "bytes"}
     return names.get(type(v), f"a {type(v).__name__}")
-
-
-def _short(v: object) -> object:
-    r = repr(v)
-    return v if len(r) <= 80 else r[:77] + "..."
