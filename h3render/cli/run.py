@@ -10,7 +10,7 @@ Exit codes: 0 ok, 1 engine or I/O failure, 2 bad usage or input.
 from __future__ import annotations
 
 import json
-import secrets
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,36 +20,26 @@ import click
 import numpy as np
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from h3render.engine.builtin import DEFAULT_MODEL
-from h3render.engine.exceptions import ConvertError, EngineError, InvalidRequestError, ModelNotFoundError
+from h3render.engine.exceptions import ConvertError, EngineError, InvalidRequestError, ModelFileError, ModelNotFoundError
+from h3render.queue.errors import JobValidationError, Problem
 
-# Used only when the engine's info has no "defaults" entry for a field.
-FALLBACK_DEFAULTS: dict[str, Any] = {
-    "width": 832, "height": 480, "frames": 81, "steps": 50,
-    "guidance": 5.0, "shift": 3.0, "sampler": "unipc", "negative_prompt": "",
-}  # fmt: skip
 PHASE_LABELS = {"load": "loading", "encode": "text encoder", "denoise": "denoising", "decode": "VAE decode"}
-SEED_MAX = 2**64 - 1
+# The job fields run takes as flags; their text goes to the job contract as enqueue's does.
+JOB_FLAGS = ("negative_prompt", "seed", "width", "height", "frames", "steps", "guidance", "shift", "sampler",
+             "quant")
 
 
 class RunParams(BaseModel):
-    """What a render asks for; None means "the model's default"."""
+    """What a render asks for: the job's fields as given (the contract fills the model's defaults
+    and checks them, h3render.queue.contract) and where its outputs go."""
 
     model: str
-    prompt: str
+    fields: dict[str, Any]
     output: Path
-    negative_prompt: str | None = None
-    seed: int | None = None
-    width: int | None = None
-    height: int | None = None
-    frames: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
-    shift: float | None = None
-    sampler: str | None = None
-    quant: str | None = None
     threads: int = 0
     frames_dir: Path | None = None
     poster: Path | None = None
@@ -63,6 +53,15 @@ class BadInput(Exception):
 def default_poster(output: Path) -> Path:
     """out.mp4 -> out.png beside it."""
     return output.with_suffix(".png")
+
+
+def model_name(arg: str) -> str:
+    """The job's model name for --model DIR|NAME: the directory's own name (made a valid name)."""
+    from h3render.queue.rules import SPECS
+
+    name = Path(arg).name
+    return name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) and ".." not in name \
+        else SPECS["model"].nearest(name)
 
 
 def resolve(params: RunParams) -> Path:
@@ -79,65 +78,29 @@ def resolve(params: RunParams) -> Path:
         raise BadInput(f"--model: {exc}") from exc
 
 
-def model_defaults(model_dir: Path) -> dict[str, Any]:
-    """Pipeline defaults the converter recorded in model.json (negative prompt, sampler, ...)."""
-    try:
-        pipeline = json.loads((Path(model_dir) / "model.json").read_text()).get("pipeline")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return {k: v for k, v in pipeline.items() if k in FALLBACK_DEFAULTS} if isinstance(pipeline, dict) else {}
+def check_level(info: dict, fields: dict[str, Any], model_dir: Path) -> None:
+    """A quant level asked for whose files broke is a model failure (exit 1), not bad input:
+    ModelFileError naming the file, as the engine would at render time."""
+    why = (info.get("unusable_levels") or {}).get(fields.get("quant"))
+    if why:
+        raise ModelFileError(f"quant level {fields['quant']!r} of {model_dir} cannot render: {why}")
 
 
-def build_request(engine, params: RunParams):
-    """A GenerateRequest from params and the engine's info; raises BadInput naming the option."""
-    from h3render.engine.binding import SAMPLERS, GenerateRequest
-    from h3render.engine.limits import EngineLimits, check_request
+def prepare(engine, params: RunParams):
+    """(resolved job, warnings, GenerateRequest) through the job contract, the same path a
+    queued job takes; raises JobValidationError listing every problem of both layers."""
+    from h3render.queue import contract
+    from h3render.queue.engine_info import with_model_facts
 
-    info = engine.info()
-    defaults = {**FALLBACK_DEFAULTS, **model_defaults(engine.model_dir), **(info.get("defaults") or {})}
-
-    def pick(name: str):
-        value = getattr(params, name)
-        return defaults.get(name) if value is None else value
-
-    width, height, frames, steps = pick("width"), pick("height"), pick("frames"), pick("steps")
-    try:
-        width, height, frames = check_request(width, height, frames, EngineLimits.from_info(info))
-    except InvalidRequestError as exc:
-        raise BadInput(str(exc)) from exc
-    if not isinstance(steps, int) or steps < 1:
-        raise BadInput(f"steps={steps} must be an integer >= 1")
-    guidance, shift = float(pick("guidance")), float(pick("shift"))
-    if not np.isfinite(guidance) or guidance < 0:
-        raise BadInput(f"guidance={guidance} must be a finite number >= 0 (<= 1 disables the negative prompt)")
-    if not np.isfinite(shift) or shift <= 0:
-        raise BadInput(f"shift={shift} must be a finite number > 0")
-    sampler = str(pick("sampler"))
-    if sampler not in SAMPLERS:
-        raise BadInput(f"sampler={sampler!r} is not supported; choose from {', '.join(SAMPLERS)}")
-    levels = list(info.get("quant_levels") or [])
-    quant = params.quant or defaults.get("quant") or ("f16" if "f16" in levels else (levels or ["f32"])[0])
-    if levels and quant not in levels:
-        raise BadInput(f"quant={quant!r} is not available for this model; available: {', '.join(levels)}")
-    seed = secrets.randbelow(2**32) if params.seed is None else params.seed
-    if not 0 <= seed <= SEED_MAX:
-        raise BadInput(f"seed={seed} must be in [0, 2^64-1]")
-
-    prompt, negative = params.prompt, pick("negative_prompt") or ""
-    req = GenerateRequest(
-        width=width, height=height, frames=frames, steps=steps, seed=seed,
-        guidance=guidance, shift=shift, sampler=sampler, quant=quant, threads=params.threads,
-        prompt=prompt, negative_prompt=negative,
-    )  # fmt: skip
-    if info.get("prompt", "token_ids") == "token_ids":
-        from h3render.engine.tokenize import load_tokenizer
-
-        tok = load_tokenizer(engine.model_dir, int(info["text_len"]))
-        req.prompt_ids = tok.encode(prompt).tolist()
-        req.negative_ids = tok.encode(negative).tolist()
+    name = model_name(params.model)
+    info = with_model_facts(name, engine.info(), engine.model_dir)
+    check_level(info, params.fields, engine.model_dir)
+    checked = contract.check({**params.fields, "model": name}, lambda _model: info)
+    job = checked.job
+    init = None
     if params.init_latents is not None:
-        req.init_latents = load_init_latents(params.init_latents, engine.latent_shape(width, height, frames))
-    return req
+        init = load_init_latents(params.init_latents, engine.latent_shape(job.width, job.height, job.frames))
+    return job, checked.warnings, contract.request(job, info, engine.model_dir, params.threads, init)
 
 
 def load_init_latents(path: Path, shape: tuple[int, ...]) -> np.ndarray:
@@ -158,14 +121,13 @@ def load_init_latents(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def render(engine, req, params: RunParams, console: Console) -> dict[str, Path]:
+def render(engine, req, fps: float, params: RunParams, console: Console) -> dict[str, Path]:
     """Run the engine with a progress bar per phase, writing outputs as frames arrive."""
     from h3render.engine.binding import FRAME_FINAL
     from h3render.engine.video import RenderOutputs
 
-    info = engine.info()
     outputs = RenderOutputs(
-        width=req.width, height=req.height, total=req.frames, fps=float(info.get("fps", 16)),
+        width=req.width, height=req.height, total=req.frames, fps=fps,
         video=params.output, frames_dir=params.frames_dir,
         poster=params.poster or default_poster(params.output),
     )  # fmt: skip
@@ -192,12 +154,25 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
     from h3render.engine.video import VideoError
 
     err = console or Console(stderr=True)
+    problems = [] if params.output.suffix.lower() == ".mp4" else [
+        Problem("--output", str(params.output), "must end in .mp4", str(params.output.with_suffix(".mp4")))]
     try:
         model_dir = resolve(params)
         with Engine(model_dir, params.threads) as engine:
-            req = build_request(engine, params)
+            try:
+                job, warnings, req = prepare(engine, params)
+            except JobValidationError as e:
+                raise JobValidationError(problems + e.problems) from None
+            if problems:
+                raise JobValidationError(problems)
+            for w in warnings:
+                err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True, markup=True)
             started = time.monotonic()
-            written = render(engine, req, params, err)
+            written = render(engine, req, float(job.fps), params, err)
+    except JobValidationError as exc:
+        err.print("[bold red]error:[/] invalid job:\n" + "\n".join(f"  {p}" for p in exc.problems),
+                  highlight=False, soft_wrap=True, markup=True)
+        return 2
     except BadInput as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
@@ -214,7 +189,7 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
     summary = {
         "model": str(model_dir), "seed": req.seed, "width": req.width, "height": req.height,
         "frames": req.frames, "steps": req.steps, "sampler": req.sampler, "quant": req.quant,
-        "seconds": round(elapsed, 3), **{k: str(v) for k, v in written.items()},
+        "seconds": round(elapsed, 3), "warnings": warnings, **{k: str(v) for k, v in written.items()},
     }  # fmt: skip
     if as_json:
         click.echo(json.dumps(summary))
@@ -233,17 +208,18 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
 @click.command()
 @click.option("--model", "model", default=DEFAULT_MODEL, show_default=True, metavar="DIR|NAME",
               help="Model directory, or the name of an installed or built-in model.")
-@click.option("--prompt", required=True, help="What to render.")
+@click.option("--prompt", required=True, help="What to render ('-': read it from stdin).")
 @click.option("--negative-prompt", default=None, help="What to steer away from (with guidance > 1).")
-@click.option("--seed", type=click.IntRange(0, SEED_MAX), default=None, help="RNG seed; random if omitted.")
-@click.option("--width", type=int, default=None, help="Width in pixels (model default).")
-@click.option("--height", type=int, default=None, help="Height in pixels (model default).")
-@click.option("--frames", type=int, default=None, help="Frame count (Wan: 4k+1).")
-@click.option("--steps", type=click.IntRange(1, 1000), default=None, help="Denoising steps.")
-@click.option("--guidance", type=float, default=None, help="Classifier-free guidance scale.")
-@click.option("--shift", type=float, default=None, help="Flow shift of the sigma schedule.")
-@click.option("--sampler", type=click.Choice(["euler", "unipc"]), default=None)
-@click.option("--quant", default=None, help="Quant level of the DiT weights (f32, f16, ...).")
+@click.option("--seed", default=None, help="RNG seed, 0 to 2^63-1; random if omitted (and printed).")
+@click.option("--width", default=None, help="Width in pixels (model default).")
+@click.option("--height", default=None, help="Height in pixels (model default).")
+@click.option("--frames", default=None, help="Frame count (Wan: 4k+1).")
+@click.option("--steps", default=None, help="Denoising steps.")
+@click.option("--guidance", default=None, help="Classifier-free guidance scale.")
+@click.option("--shift", default=None, help="Flow shift of the sigma schedule.")
+@click.option("--sampler", default=None, help="unipc or euler (model default).")
+@click.option("--quant", default=None, help="Quant level of the DiT weights (f32, f16, ...; default f16).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Engine option (repeatable).")
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Worker threads; 0 uses every CPU.")
 @click.option("--frames-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -255,9 +231,19 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output mp4.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def run(as_json: bool, **options: Any) -> None:
-    """Render one video from a prompt now, in this process."""
-    params = RunParams(**options)
-    if params.output.suffix.lower() != ".mp4":
-        raise click.BadParameter(f"{params.output} must end in .mp4", param_hint="'-o' / '--output'")
+def run(as_json: bool, model: str, prompt: str, options: tuple[str, ...], threads: int, frames_dir: Path | None,
+        poster: Path | None, init_latents: Path | None, output: Path, **flags: str | None) -> None:
+    """Render one video from a prompt now, in this process (checked as `enqueue` checks a job)."""
+    from h3render.cli.jobs import lenient, parse_options, prompt_arg
+
+    fields: dict[str, Any] = {"prompt": prompt_arg(prompt)}
+    fields.update({k: lenient(k, v) for k, v in flags.items() if v is not None})
+    try:
+        if options:
+            fields["engine_options"] = parse_options(options)
+    except JobValidationError as e:
+        click.echo("error: invalid job:\n" + "\n".join(f"  {p}" for p in e.problems), err=True)
+        sys.exit(2)
+    params = RunParams(model=model, fields=fields, output=output, threads=threads, frames_dir=frames_dir,
+                       poster=poster, init_latents=init_latents)
     sys.exit(execute(params, as_json=as_json))
