@@ -78,19 +78,22 @@ def test_kill_9_worker_and_render_at_random_steps(worker_env, redis_conn, h3_set
     rng = random.Random(seed)
     settings = h3_settings.model_copy(update={"retry_max": 3, "retry_intervals_s": [1, 1, 1]})
     res = enqueue_sweep(r, dict(SMALL, steps=STEPS), {"seed": list(range(JOBS))}, settings)
+    ids = list(res.job_ids)
     plan = ["render"] * KILLS_EACH + ["worker"] * KILLS_EACH
     rng.shuffle(plan)
     log = tmp_path / "workers.log"
     worker = start_logged_worker(worker_env, log)
     killed: dict[str, list[str]] = {"render": [], "worker": []}
     per_job: Counter = Counter()
-    deadline = time.time() + 150
+    deadline = time.time() + 300
     try:
         while plan and time.time() < deadline:
-            got = wait_for(lambda: running(r) or all_ended(r, res.job_ids), 60, "a job denoising",
+            got = wait_for(lambda: running(r) or all_ended(r, ids), 60, "a job denoising",
                            every=0.02)
-            if got is True:
-                break  # every job ended before the plan was done (reported below)
+            if got is True:  # a busy machine missed its moments: more jobs to kill, not fewer kills
+                ids += enqueue_sweep(r, dict(SMALL, steps=STEPS), {"seed": list(range(100, 105))},
+                                     settings).job_ids
+                continue
             jid, m = got
             if per_job[jid] >= 2:  # within its retry budget; let this one finish
                 wait_for(lambda: (running(r) or ("", {}))[0] != jid, 60, "the next job")
@@ -113,9 +116,9 @@ def test_kill_9_worker_and_render_at_random_steps(worker_env, redis_conn, h3_set
                 os.kill(worker.pid, signal.SIGKILL)  # the worker; its scheduler follows it
                 worker.wait(timeout=10)
                 worker = start_logged_worker(worker_env, log)  # the service manager's restart
-        wait_for(lambda: all_ended(r, res.job_ids), 180, "every job of the sweep ended")
+        wait_for(lambda: all_ended(r, ids), 180, "every job of the sweep ended")
     except AssertionError:
-        print(dump(r, res.job_ids))
+        print(dump(r, ids))
         raise
     finally:
         if worker.poll() is None:
@@ -130,10 +133,10 @@ def test_kill_9_worker_and_render_at_random_steps(worker_env, redis_conn, h3_set
 
     renders = Path(h3_settings.renders_dir())
     finished_once, lost, twice = {}, [], []
-    for j in res.job_ids:
+    for j in ids:
         job = fetch(r, j)
         done = [x for x in job.results() if x.type.name == "SUCCESSFUL"]
-        folder = renders / res.sweep_id / j
+        folder = renders / (job.meta.get("h3r") or {}).get("sweep_id", res.sweep_id) / j
         whole = folder.is_dir() and {p.name for p in folder.iterdir()} == {"video.mp4", "poster.png",
                                                                            "meta.json"}
         if job.get_status() != JobStatus.FINISHED or not whole:
@@ -150,7 +153,7 @@ def test_kill_9_worker_and_render_at_random_steps(worker_env, redis_conn, h3_set
             "kills", f"kill -9 of the {'render process' if what == 'render' else 'worker'} at a random step",
             tried=len(jobs), held=sum(finished_once[j] and clean for j in jobs), lost=len(lost),
             bound="0 lost, 0 run twice, 0 temp files",
-            note=f"{JOBS}-job sweep of {STEPS} steps, seed {seed}; steps " +
+            note=f"{len(ids)} jobs of {STEPS} steps, seed {seed}; steps " +
                  ", ".join(k.split("@")[1] for k in killed[what])))
     assert not lost and not twice and not leftovers, (lost, twice, leftovers, out[-3000:])
     assert all(row.ok for row in rows), rows
