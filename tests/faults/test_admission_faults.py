@@ -13,7 +13,7 @@ file (H3RENDER_TEST_READINGS), which the test rewrites while the worker runs.
                    render task's own cancel poll can make the bound
     machines       the worker publishes its machine's total and usable memory
 
-Takes about 40 s on 2 shared cores.
+Takes about 25 s on 2 shared cores.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ model, ffmpeg.
     larger than the disk the job's outputs plus the margin exceed the whole file
                          system: failed at once, not retryable
 
-Takes about 40 s on 2 shared cores.
+Takes about 50 s on 2 shared cores.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the real engine (tiny model) and the real ffmpeg.
     publish        the job folder appears by one rename and replaces an earlier
                    attempt's failure record; a failure record is meta.json alone
 
-Takes about 2 minutes on 2 shared cores (each attempt spawns a fresh Python).
+Takes 4 to 6 minutes on 2 shared cores (each attempt spawns a fresh Python; ~21 attempts).
 """
 
 from __future__ import annotations
