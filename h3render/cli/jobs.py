@@ -21,6 +21,7 @@ import click
 from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.queue.errors import (JobValidationError, NotFoundError, NotStoredError, Problem, QueueError,
                                    QueueInputError)
+from h3render.queue.rules import short
 
 INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps", "preview_every")
 FLOAT_FIELDS = ("guidance", "shift")
@@ -119,6 +120,26 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+STDIN = "-"
+
+
+def read_stdin(what: str) -> str:
+    """All of stdin, for the option `what` given as '-'; a terminal gets a line saying how to end it."""
+    if sys.stdin is None:
+        raise QueueInputError(f"{what} -: there is no stdin to read")
+    if sys.stdin.isatty():
+        click.echo(f"reading {what} from stdin (end with Ctrl-D)", err=True)
+    try:
+        return sys.stdin.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise QueueInputError(f"{what} -: cannot read stdin: {e}") from None
+
+
+def prompt_arg(text: str | None) -> str | None:
+    """--prompt's value: '-' reads the prompt from stdin (its surrounding whitespace dropped)."""
+    return read_stdin("--prompt").strip() if text == STDIN else text
+
+
 def fmt_s(s: float | None) -> str:
     if s is None:
         return "-"
@@ -157,7 +178,7 @@ def job_options(fn):
 
 
 @click.command()
-@click.option("--prompt", default=None, help="what to render (required unless --file has it)")
+@click.option("--prompt", default=None, help="what to render (required unless --file has it; '-': stdin)")
 @job_options
 @click.option("--priority", default=None, help="normal or high (high goes to the front of the queue)")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="engine-specific option")
@@ -172,6 +193,8 @@ def enqueue(prompt: str | None, options: tuple[str, ...], json_file: str | None,
     from h3render.queue.enqueue import enqueue as do_enqueue
     from h3render.queue.job import RenderJob
 
+    if json_file == STDIN and prompt == STDIN:
+        raise QueueInputError("--file - and --prompt - both read stdin: give one of them another source")
     payload: dict[str, Any] = {}
     if json_file is not None:
         loaded = read_job_file(json_file)
@@ -179,11 +202,11 @@ def enqueue(prompt: str | None, options: tuple[str, ...], json_file: str | None,
             RenderJob.parse(loaded)  # refuses a list, a text, null ... as field "job"
         payload.update(loaded)
     if prompt is not None:
-        payload["prompt"] = prompt
+        payload["prompt"] = prompt_arg(prompt)
     payload.update({k: lenient(k, v) for k, v in fields.items() if v is not None})
     if options:
         payload["engine_options"] = parse_options(options)
-    RenderJob.parse(payload)  # static rules before touching Redis
+    # Both layers of validation need the engine's info, which is in Redis: every problem in one answer.
     settings = _settings()
     r = _redis(settings)
     res = do_enqueue(r, payload, settings)
@@ -197,33 +220,45 @@ def enqueue(prompt: str | None, options: tuple[str, ...], json_file: str | None,
         for w in res.warnings:
             click.echo(f"warning: {w}", err=True)
     if wait:
-        sys.exit(wait_for(r, [job_id], quiet=as_json))
+        sys.exit(wait_for(r, [job_id], quiet=as_json, settings=settings))
 
 
 def read_job_file(path: str) -> Any:
     """The JSON value in `path` ('-': stdin); JobValidationError on field "job" if it is not JSON."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        text = read_stdin("--file") if path == STDIN else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise QueueInputError(f"--file {path!r}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
     try:
         return json.loads(text)
     except ValueError as e:
-        raise JobValidationError([Problem("job", text if len(text) <= 80 else text[:77] + "...",
+        raise JobValidationError([Problem("job", short(text),
                                           f"--file must hold a JSON object of job fields: {e}",
                                           {"prompt": "..."})]) from None
 
 
+NO_WORKER_CHECK_S = 1.0  # how often a wait asks whether any worker serves the queue
+NO_WORKER_HINT = ("no h3render worker is running for queue {queue!r}: nothing renders until one starts. "
+                  "Start one with `h3render worker` (in another terminal or on another machine with the same "
+                  "Redis). Still waiting; Ctrl-C stops waiting and leaves the job queued.")
+
+
 def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5,
-             give_up: Callable[[], bool] | None = None) -> int:
+             give_up: Callable[[], bool] | None = None, settings=None) -> int:
     """Progress bar until every job ends (or give_up() says no one will run them);
-    0 if all finished, 1 otherwise."""
+    0 if all finished, 1 otherwise.
+
+    With `settings` (and no give_up: a caller with a worker of its own knows better), a wait
+    with no live worker says so on stderr at once, naming the command that starts one, and
+    goes on waiting; a worker that appears later is announced too."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from h3render.queue.job import JobPhase
     from h3render.queue.status import job_rows
 
     n = len(job_ids)
+    hint = give_up is None and settings is not None
+    checked_at, alone = float("-inf"), False
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), disable=quiet, transient=False) as progress:
         task = progress.add_task("queued", total=1000, info="")
@@ -240,12 +275,32 @@ def wait_for(r, job_ids: list[str], quiet: bool = False, poll_s: float = 0.5,
                 progress.update(task, description=f"{len(done)}/{n} done", completed=int(1000 * frac), info="")
             if len(done) == len(rows) or (give_up is not None and give_up()):
                 break
+            if hint and time.monotonic() - checked_at >= NO_WORKER_CHECK_S:
+                checked_at = time.monotonic()
+                alone = _say_who_works(r, settings, alone)
             time.sleep(poll_s)
     for row in rows:
         if not quiet:
             where = row.output_dir or row.error or ""
             click.echo(f"{row.id} {row.state} {where}")
     return 0 if all(row.state == JobPhase.finished.value for row in rows) else 1
+
+
+def _say_who_works(r, settings, alone: bool) -> bool:
+    """Say on stderr when the queue loses its last live worker or gains one; True while none is alive."""
+    import redis
+
+    from h3render.queue.workers import live_workers
+
+    try:
+        names = [w.name for w in live_workers(r, settings)]
+    except redis.RedisError:  # the wait itself reports a Redis that is gone
+        return alone
+    if not names and not alone:
+        click.echo("warning: " + NO_WORKER_HINT.format(queue=settings.queue_name), err=True)
+    elif names and alone:
+        click.echo(f"worker {names[0]} is running: waiting for the job", err=True)
+    return not names
 
 
 # ---- sweep -------------------------------------------------------------------------------------
@@ -257,12 +312,14 @@ def sweep_options(fn):
     for name in reversed(_AXIS_FLAGS):
         fn = click.option(f"--{name}", name, multiple=True, help=None)(fn)
     fn = click.option("--negative-prompt", "negative_prompt", multiple=True)(fn)
-    fn = click.option("--prompt", "prompt", multiple=True, help="repeat for several prompts")(fn)
+    fn = click.option("--prompt", "prompt", multiple=True,
+                      help="repeat for several prompts ('-': one prompt per line of stdin)")(fn)
     return fn
 
 
 @click.command()
-@click.option("--file", "toml_file", type=click.Path(dir_okay=False), default=None, help="TOML file with the axes")
+@click.option("--file", "toml_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="TOML file with the axes ('-': stdin)")
 @sweep_options
 @click.option("--preview", is_flag=True, help="render every combination small and short first")
 @click.option("--preview-every", "preview_every", default=None,
@@ -280,12 +337,22 @@ def sweep(toml_file, preview, preview_every, priority, options, dry_run, wait, a
 
     fixed: dict[str, Any] = {}
     axes: dict[str, list[Any]] = {}
+    prompts = axes_flags.get("prompt") or ()
+    if toml_file == STDIN and STDIN in prompts:
+        raise QueueInputError("--file - and --prompt - both read stdin: give one of them another source")
+    if STDIN in prompts:  # each non-blank line of stdin is one prompt, in place of the '-'
+        lines = [ln.strip() for ln in read_stdin("--prompt").splitlines() if ln.strip()]
+        if not lines:
+            raise JobValidationError([Problem("prompt", "-", "read from stdin, which held no non-blank line: "
+                                              "give one prompt per line", None)])
+        axes_flags["prompt"] = tuple(p for t in prompts for p in (lines if t == STDIN else [t]))
     if toml_file:
         try:
-            text = Path(toml_file).read_text()
-        except OSError as e:
-            raise QueueInputError(f"--file {toml_file!r}: cannot read it: {e.strerror or e}") from None
-        fixed, axes, file_preview = sw.from_toml(text)
+            text = read_stdin("--file") if toml_file == STDIN else Path(toml_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise QueueInputError(f"--file {toml_file!r}: cannot read it: {why}") from None
+        fixed, axes, file_preview = sw.from_toml(text, f"--file {'stdin' if toml_file == STDIN else toml_file}")
         preview = preview or file_preview
     flag_fixed, flag_axes = sw.from_flags({k: v for k, v in axes_flags.items() if v})
     for k in flag_fixed:
@@ -300,8 +367,6 @@ def sweep(toml_file, preview, preview_every, priority, options, dry_run, wait, a
         fixed["preview_every"] = lenient("preview_every", preview_every)
     if options:
         fixed["engine_options"] = parse_options(options)
-    if "prompt" not in fixed and "prompt" not in axes:
-        raise JobValidationError([Problem("prompt", None, "is required: give --prompt (repeatable) or prompt in --file", None)])
     settings = _settings()
     r = _redis(settings)
     planned = plan(r, sw.expand(fixed, axes), settings, preview=preview)
@@ -330,7 +395,7 @@ def sweep(toml_file, preview, preview_every, priority, options, dry_run, wait, a
         click.echo(f"{len(res.job_ids)} jobs{pv}, estimated total {fmt_s(total)} ({summary['estimate_source']})",
                    err=True)
     if wait:
-        sys.exit(wait_for(r, res.job_ids, quiet=as_json))
+        sys.exit(wait_for(r, res.job_ids, quiet=as_json, settings=settings))
 
 
 # ---- status ------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """`h3render run`: render one video now, in this process, with no queue.
 
-The command parses options, then `execute` does the work in four steps that
-`h3render demo` reuses unchanged: resolve the model, open the engine, build and
-validate the request against the engine's info, render frame by frame into
+The command parses options, then `execute` does the work in four steps: resolve the
+model, open the engine, check the job and build the request through the job contract
+(h3render.queue.contract: the same defaults, validation and request a queued job gets,
+so one seed renders the same frames here and on a worker), render frame by frame into
 the mp4 / PNG / poster writers with a progress bar per phase.
 Exit codes: 0 ok, 1 engine or I/O failure, 2 bad usage or input.
 """
@@ -24,13 +25,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from h3render.engine.builtin import DEFAULT_MODEL
-from h3render.engine.exceptions import ConvertError, EngineError, InvalidRequestError, ModelFileError, ModelNotFoundError
+from h3render.engine.exceptions import (ConvertError, EngineError, InvalidRequestError, ModelFileError,
+                                        ModelNotFoundError)
 from h3render.queue.errors import JobValidationError, Problem
 
 PHASE_LABELS = {"load": "loading", "encode": "text encoder", "denoise": "denoising", "decode": "VAE decode"}
-# The job fields run takes as flags; their text goes to the job contract as enqueue's does.
-JOB_FLAGS = ("negative_prompt", "seed", "width", "height", "frames", "steps", "guidance", "shift", "sampler",
-             "quant")
 
 
 class RunParams(BaseModel):
@@ -166,21 +165,21 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
             if problems:
                 raise JobValidationError(problems)
             for w in warnings:
-                err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True, markup=True)
+                err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
             started = time.monotonic()
             written = render(engine, req, float(job.fps), params, err)
     except JobValidationError as exc:
-        err.print("[bold red]error:[/] invalid job:\n" + "\n".join(f"  {p}" for p in exc.problems),
-                  highlight=False, soft_wrap=True, markup=True)
+        err.print("[bold red]error:[/] invalid job:\n" + "\n".join(f"  {escape(str(p))}" for p in exc.problems),
+                  highlight=False, soft_wrap=True)
         return 2
     except BadInput as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     except InvalidRequestError as exc:  # the engine itself refused the request
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     except (EngineError, ConvertError, VideoError, OSError) as exc:
-        err.print(f"[bold red]render failed:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]render failed:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:  # the engine stopped within a step; partial files were removed
         err.print("[bold red]canceled[/]", highlight=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from h3render.queue.errors import JobValidationError, Problem
 from h3render.queue.job import RenderJob
 from h3render.queue.rules import DEFAULT_QUANT, FALLBACK_DEFAULTS, FIELDS, problems_from_pydantic
-from h3render.queue.validation import engine_check, prompt_warnings
+from h3render.queue.validation import engine_check, engine_nearest, prompt_warnings
 
 SEED_DRAW = 2**32  # a drawn seed is below this (it shows and types easily); any seed up to SEED_MAX is taken
 # A problem of the engine layer that a bad field of the static layer makes meaningless: the static
@@ -132,6 +132,7 @@ def check(payload: Any, info_for: Callable[[str], Mapping[str, Any]],
     if static:
         bad = {_top(p.field) for p in static}
         engine = [p for p in engine if _top(p.field) not in bad and not set(DEPENDS_ON.get(p.field, ())) & bad]
+        static = [replace(p, nearest=engine_nearest(p.field, p.nearest, info)) for p in static]
     if static or engine:
         raise JobValidationError(static + [p for p in engine if p not in static])
     return Checked(resolved, warnings, info)

@@ -38,6 +38,7 @@ else:  # the same parser, from PyPI, before it joined the standard library
 from h3render.engine.limits import EngineLimits
 from h3render.queue.errors import JobValidationError, Problem
 from h3render.queue.job import RenderJob
+from h3render.queue.rules import short
 
 INT_AXES = ("seed", "steps", "width", "height", "frames", "fps")
 FLOAT_AXES = ("guidance", "shift")
@@ -115,12 +116,32 @@ def from_flags(flags: Mapping[str, Sequence[str]]) -> tuple[dict[str, Any], dict
     return fixed, axes
 
 
-def from_toml(text: str) -> tuple[dict[str, Any], dict[str, list[Any]], bool]:
-    """(fixed, axes, preview) from a TOML sweep file; raises JobValidationError naming the key."""
+_TOML_AT = re.compile(r"^(?P<msg>.*?)\s*\((?:at line (?P<line>\d+), column (?P<col>\d+)|at end of document)\)\s*$",
+                      re.S)
+
+
+def toml_problem(e: Exception, text: str, source: str) -> Problem:
+    """The parser's error as a Problem naming the file, the line and the column, with that line's text
+    as the value (tomllib and tomli say where in their message; newer ones also as attributes)."""
+    m = _TOML_AT.match(str(e))
+    msg = m["msg"] if m else str(e)
+    lines = text.splitlines() or [""]
+    line, col = getattr(e, "lineno", None), getattr(e, "colno", None)
+    if line is None and m and m["line"]:
+        line, col = int(m["line"]), int(m["col"])
+    if line is None:  # at the end of the document
+        line, col = len(lines), len(lines[-1]) + 1
+    shown = lines[line - 1] if 0 < line <= len(lines) else ""
+    return Problem(f"{source} line {line}, column {col}", short(shown), f"is not valid TOML: {msg}", None)
+
+
+def from_toml(text: str, source: str = "sweep file") -> tuple[dict[str, Any], dict[str, list[Any]], bool]:
+    """(fixed, axes, preview) from a TOML sweep file; raises JobValidationError naming the key, or for
+    text that is not TOML, the file (`source`), line and column."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise _bad("sweep file", str(e), "must be valid TOML", None) from None
+        raise JobValidationError([toml_problem(e, text, source)]) from None
     preview = doc.pop("preview", False)
     if not isinstance(preview, bool):
         raise _bad("preview", preview, "must be true or false", bool(preview))

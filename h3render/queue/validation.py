@@ -152,6 +152,22 @@ def _generic_limit_problems(values: dict[str, Any], levels: list[str], info: Map
     return problems + size
 
 
+def engine_nearest(field: str, value: Any, info: Mapping[str, Any]) -> Any:
+    """`value` of width, height or frames moved onto the engine's grid when it is off it (the static
+    layer's nearest value, 1 for a width of 0, may not be one the engine takes); else `value`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    limits = EngineLimits.from_info(info)
+    try:
+        if field in ("width", "height"):
+            check_size(field, value, limits.size_multiple)
+        elif field == "frames":
+            check_frames(value, limits.frame_rule)
+    except LimitError as e:
+        return _limit_problem(e).nearest
+    return value
+
+
 def _limit_problem(e: LimitError) -> Problem:
     """A Problem from h3render.engine.limits' error: its reason, and its nearest value(s).
 

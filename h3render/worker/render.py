@@ -401,7 +401,7 @@ def _check_cancel_or_parent(rq_job, parent: int) -> bool:
 def _run_engine(job: RenderJob, model_dir: Path, files: _Files, settings: Settings, meta: _Meta,
                 rq_job, parent: int, est, timings: dict, health: list, t0: float,
                 threads: int = 0) -> dict:
-    from h3render.engine.binding import FRAME_FINAL, FRAME_PREVIEW, Engine, GenerateRequest
+    from h3render.engine.binding import FRAME_FINAL, FRAME_PREVIEW, Engine
     from h3render.engine.exceptions import EngineCanceled, EngineError
     from h3render.engine.video import RenderOutputs
 
@@ -441,17 +441,9 @@ def _run_engine(job: RenderJob, model_dir: Path, files: _Files, settings: Settin
             from h3render.queue.engine_info import publish_engine_info
 
             publish_engine_info(rq_job.connection, job.model, info)
-        req = GenerateRequest(
-            width=job.width, height=job.height, frames=job.frames, steps=job.steps,
-            seed=int(job.seed), prompt=job.prompt, negative_prompt=job.negative_prompt or "",
-            guidance=job.guidance, shift=job.shift, sampler=job.sampler, quant=job.quant,
-            options=dict(job.engine_options), preview_every=job.preview_every)
-        if info.get("prompt", "token_ids") == "token_ids":
-            from h3render.engine.tokenize import load_tokenizer
+        from h3render.queue.contract import request
 
-            tok = load_tokenizer(model_dir, int(info["text_len"]))
-            req.prompt_ids = tok.encode(job.prompt).tolist()
-            req.negative_ids = tok.encode(job.negative_prompt or "").tolist()
+        req = request(job, info, model_dir)  # the request `h3render run` builds for the same job
         outputs = RenderOutputs(width=job.width, height=job.height, total=job.frames,
                                 fps=float(job.fps or info.get("fps", 16)),
                                 video=files.staging / "video.mp4",
