@@ -291,28 +291,24 @@ def contact_sheet(rows: list[np.ndarray], marks: list[dict[str, bool]] | None = 
 def render_prompts(model_dir: Path, specs: list[dd.ClipSpec], quant: str, seed: int = 0,
                    threads: int = 0, steps: int | None = None,
                    on_clip: Callable[[int], None] | None = None) -> list[np.ndarray]:
-    """Render each spec's caption with the engine at the model's defaults: (F, H, W, 3) uint8 each."""
-    from h3render.engine.binding import Engine, GenerateRequest
-    from h3render.engine.tokenize import load_tokenizer
+    """Render each spec's caption with the engine at the model's defaults: (F, H, W, 3) uint8 each.
+
+    Each clip is a job through the job contract (h3render.queue.contract), so it renders the
+    frames `h3render run` and a worker render for the same prompt, seed and quant level."""
+    from h3render.engine.binding import Engine
+    from h3render.queue import contract
 
     model_dir = Path(model_dir)
-    meta = json.loads((model_dir / "model.json").read_text()).get("pipeline", {}) \
-        if (model_dir / "model.json").is_file() else {}
     out = []
     with Engine(model_dir, threads) as eng:
         info = eng.info()
-        d = {**meta, **(info.get("defaults") or {})}
-        tok = load_tokenizer(model_dir, int(info["text_len"]))
-        negative = str(meta.get("negative_prompt", "") or "")
         for i, spec in enumerate(specs):
             frames: list[np.ndarray] = []
-            req = GenerateRequest(
-                width=int(d["width"]), height=int(d["height"]), frames=int(d["frames"]),
-                steps=int(steps or d["steps"]), seed=seed + i, guidance=float(d["guidance"]),
-                shift=float(d["shift"]), sampler=str(meta.get("sampler", "unipc")), quant=quant,
-                threads=threads, prompt=spec.caption, negative_prompt=negative,
-                prompt_ids=tok.encode(spec.caption).tolist(), negative_ids=tok.encode(negative).tolist(),
-            )  # fmt: skip
+            fields = {"prompt": spec.caption, "seed": seed + i, "quant": quant}
+            if steps:
+                fields["steps"] = int(steps)
+            job = contract.check(fields, lambda _model: info).job
+            req = contract.request(job, info, model_dir, threads)
             eng.generate(req, on_frame=lambda kind, idx, rgb: frames.append(rgb) if kind == 0 else None)
             out.append(np.stack(frames))
             if on_clip:

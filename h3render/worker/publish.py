@@ -95,7 +95,7 @@ def publish_installed(r: redis.Redis, models: list[tuple[str, Path]] | None = No
                 continue
             if "info" in doc:
                 try:
-                    publish_engine_info(r, name, doc["info"])
+                    publish_engine_info(r, name, doc["info"], d)  # with its options and vocabulary
                     outcome[name] = "published"
                 except redis.RedisError as e:
                     outcome[name] = f"skipped: could not publish: {e}"
