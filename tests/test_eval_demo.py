@@ -8,11 +8,9 @@ demo model (about 10 s).
 
 from __future__ import annotations
 
-import struct
-import zlib
-
 import numpy as np
 import pytest
+from PIL import Image
 
 from h3render import demo_data as dd
 from h3render.engine import eval_demo as ev
@@ -106,21 +104,29 @@ def test_bad_video_is_named(bad, what):
         ev.detect(bad)
 
 
-def _read_png(data: bytes) -> np.ndarray:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, w, h = 8, b"", None, None
-    while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
-        assert struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body)
-        if kind == b"IHDR":
-            w, h = struct.unpack(">II", body[:8])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + n
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
-    assert not raw[:, 0].any()  # filter type 0 on every row
-    return raw[:, 1:].reshape(h, w, 3)
+def _read_png(path) -> np.ndarray:
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.mode == "RGB"
+        return np.asarray(im.convert("RGB"))
+
+
+def test_png_reads_back_identically_and_leaves_no_temp(tmp_path):
+    rng = np.random.default_rng(3)
+    img = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    path = tmp_path / "random.png"
+    ev.write_png(path, img[:, ::-1])  # a non-contiguous view is written as it reads
+    np.testing.assert_array_equal(_read_png(path), img[:, ::-1])
+    assert [p.name for p in tmp_path.iterdir()] == ["random.png"]
+
+
+@pytest.mark.parametrize("bad", [
+    np.zeros((8, 8, 4), np.uint8), np.full((8, 8, 3), 0.5), np.zeros((8, 8), np.uint8),
+])  # fmt: skip
+def test_png_refuses_what_is_not_an_rgb_image(tmp_path, bad):
+    path = tmp_path / "bad.png"
+    with pytest.raises(ValueError, match=r"bad\.png: image must be uint8 \(height, width, 3\), got"):
+        ev.write_png(path, bad)
+    assert not list(tmp_path.iterdir())
 
 
 def test_contact_sheet_has_one_row_per_prompt(tmp_path):
@@ -131,7 +137,7 @@ def test_contact_sheet_has_one_row_per_prompt(tmp_path):
     sheet = ev.contact_sheet(u8, marks, scale=2, gap=2)
     path = tmp_path / "sheet.png"
     ev.write_png(path, sheet)
-    img = _read_png(path.read_bytes())
+    img = _read_png(path)
     assert img.shape == (5 * (64 + 2) + 2, 21 + 2 + 9 * (64 + 2), 3)
     np.testing.assert_array_equal(img, sheet)
     # row 3, frame 4, scaled 2x, sits where the layout says

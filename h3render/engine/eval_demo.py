@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -235,25 +234,18 @@ class QuantReport:
 # ---- contact sheet -------------------------------------------------------------------------
 
 
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    import struct
-
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-
 def write_png(path: Path, rgb: np.ndarray) -> None:
-    """Write an (H, W, 3) uint8 image as PNG (zlib only; no imaging dependency)."""
-    import struct
+    """Write an (H, W, 3) uint8 image as PNG, atomically (h3render.engine.video.write_png:
+    Pillow's encoder under a temporary name, then a rename).
 
-    rgb = np.ascontiguousarray(rgb, np.uint8)
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(h))
-    data = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + _png_chunk(b"IDAT", zlib.compress(raw, 9)) + _png_chunk(b"IEND", b""))
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    Anything else is refused, naming the shape and dtype: an RGBA or float array would
+    otherwise be written as some other picture than the one asked for."""
+    a = np.asarray(rgb)
+    if a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8:
+        raise ValueError(f"{path}: image must be uint8 (height, width, 3), got {a.dtype} {a.shape}")
+    from h3render.engine.video import write_png as _write
+
+    _write(Path(path), np.ascontiguousarray(a))
 
 
 def contact_sheet(rows: list[np.ndarray], marks: list[dict[str, bool]] | None = None,
