@@ -57,7 +57,7 @@ bench: install $(BENCH_VENV)/bin/python
 # random kills, Redis crashes, corrupt records and cancels over one sweep, bounded in time.
 FAULTS_MINUTES ?= 8
 faults: install
-	cd tests && ../$(VENV)/bin/pytest -q faults
+	cd tests && H3RENDER_FILE_KILLS=10 ../$(VENV)/bin/pytest -q faults
 	$(PY) tests/faults/soak.py --minutes $(FAULTS_MINUTES)
 
 # Regenerate the reference fixtures from diffusers and transformers (needs torch).

@@ -31,6 +31,7 @@ from rq.utils import now
 
 from h3render.worker import intake, scheduling
 from h3render.worker.outage import classify, one_line
+from h3render.worker.staging import sweep_staging
 
 log = logging.getLogger("h3render.worker")
 
@@ -89,6 +90,8 @@ class Upkeep:
         if force or time.monotonic() - self._last_sweep >= scheduling.sweep_every_s(self.settings):
             self._last_sweep = time.monotonic()
             scheduling.sweep_started(self)
+            # a render killed when its job had no retry left leaves its staging folder behind
+            sweep_staging(self.settings.renders_dir())
 
     # ------------------------------------------------------------ maintenance
 
