@@ -72,6 +72,13 @@ def component_quant(component: str, quant: str) -> str:
 
 
 # ---------------------------------------------------------------- safetensors
+# The files are read by safetensors.safe_open: its Rust parser checks the header of an
+# untrusted file (length bound, JSON schema, dtypes, shapes against offsets, tensors
+# that overlap or leave gaps, data that does not cover the file exactly) before any
+# byte of data is touched, and maps the file instead of reading it. Its errors name no
+# file, so each is re-raised as a ConvertError that does. One gap is ours to fill:
+# safe_open's numpy framework cannot return BF16 (numpy has no bfloat16), so a BF16
+# tensor is mapped from the byte offsets of the header safe_open has already checked.
 
 _ST_DTYPES = {
     "F32": np.dtype("<f4"),
@@ -89,43 +96,29 @@ class _SourceTensor:
     path: Path
     dtype: str
     shape: tuple[int, ...]
-    begin: int  # absolute byte offset in the file
-    end: int
+
+
+def _open(path: Path):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="np")
+    except (SafetensorError, OSError) as exc:
+        raise ConvertError(f"{path}: not a valid safetensors file: {exc}") from None
 
 
 def _read_safetensors_header(path: Path) -> list[_SourceTensor]:
-    """Tensor index of one .safetensors file, checked against the file size."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) < 8:
-            raise ConvertError(f"{path}: too short for a safetensors header ({size} bytes)")
-        (hlen,) = struct.unpack("<Q", raw)
-        if hlen > size - 8:
-            raise ConvertError(f"{path}: header length {hlen} runs past end of file ({size} bytes)")
-        try:
-            header = json.loads(fh.read(hlen))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConvertError(f"{path}: header is not valid JSON: {exc}") from None
-    base = 8 + hlen
-    tensors = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = info.get("dtype")
-        if dtype not in _ST_DTYPES:
-            raise ConvertError(
-                f"{path}: tensor '{name}' has dtype {dtype}; supported: {', '.join(_ST_DTYPES)}"
-            )
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(o) for o in info["data_offsets"])
-        need = int(np.prod(shape, dtype=np.int64)) * _ST_DTYPES[dtype].itemsize
-        if end - begin != need or base + end > size or begin < 0:
-            raise ConvertError(
-                f"{path}: tensor '{name}' data [{begin}, {end}) does not fit shape {shape} "
-                f"{dtype} or runs past end of file ({size} bytes)"
-            )
-        tensors.append(_SourceTensor(name, path, dtype, shape, base + begin, base + end))
+    """Tensor index of one .safetensors file, checked by safetensors itself."""
+    with _open(path) as f:
+        tensors = []
+        for name in f.keys():
+            sl = f.get_slice(name)
+            dtype, shape = sl.get_dtype(), tuple(int(d) for d in sl.get_shape())
+            if dtype not in _ST_DTYPES:
+                raise ConvertError(
+                    f"{path}: tensor '{name}' has dtype {dtype}; supported: {', '.join(_ST_DTYPES)}"
+                )
+            tensors.append(_SourceTensor(name, path, dtype, shape))
     return tensors
 
 
@@ -154,11 +147,32 @@ def _source_tensors(folder: Path) -> list[_SourceTensor]:
     return [tensors[k] for k in sorted(tensors)]
 
 
+def _bf16(t: _SourceTensor) -> np.ndarray:
+    """A BF16 tensor as float32, mapped from the offsets of a header safe_open accepted."""
+    with open(t.path, "rb") as fh:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+        begin, end = json.loads(fh.read(hlen))[t.name]["data_offsets"]
+    mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=8 + hlen + begin, shape=(end - begin,))
+    return (np.frombuffer(mm, np.dtype("<u2")).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+
+
 def _load(t: _SourceTensor) -> np.ndarray:
-    mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=t.begin, shape=(t.end - t.begin,))
-    arr = np.frombuffer(mm, dtype=_ST_DTYPES[t.dtype]).reshape(t.shape)
-    if t.dtype == "BF16":
-        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    """One tensor as float32; a file that changed since its header was read is named."""
+    from safetensors import SafetensorError
+
+    try:
+        if t.dtype == "BF16":
+            with _open(t.path):  # checked again: the file may have changed since
+                pass
+            arr = _bf16(t)
+        else:
+            with _open(t.path) as f:
+                arr = f.get_tensor(t.name)
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise ConvertError(f"{t.path}: tensor '{t.name}' cannot be read: {exc}") from None
+    if tuple(arr.shape) != t.shape:
+        raise ConvertError(f"{t.path}: tensor '{t.name}' has shape {tuple(arr.shape)}, "
+                           f"its header said {t.shape} when conversion began")
     return np.asarray(arr, dtype=np.float32)
 
 
@@ -270,18 +284,21 @@ def write_component(
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for t, shape, dtype in layouts:
-        data = _load(t).reshape(shape)
-        if not np.all(np.isfinite(data)):
-            writer.close()
-            tmp.unlink(missing_ok=True)
-            raise ConvertError(f"{t.path}: tensor '{t.name}' contains NaN or Inf")
-        if isinstance(dtype, str):  # a quantized level: GGML blocks as bytes
-            from h3render.engine.quantize import quantize
+    try:
+        for t, shape, dtype in layouts:
+            data = _load(t).reshape(shape)
+            if not np.all(np.isfinite(data)):
+                raise ConvertError(f"{t.path}: tensor '{t.name}' contains NaN or Inf")
+            if isinstance(dtype, str):  # a quantized level: GGML blocks as bytes
+                from h3render.engine.quantize import quantize
 
-            writer.write_tensor_data(np.ascontiguousarray(quantize(data, dtype)))
-            continue
-        writer.write_tensor_data(np.ascontiguousarray(data.astype(dtype)))
+                writer.write_tensor_data(np.ascontiguousarray(quantize(data, dtype)))
+                continue
+            writer.write_tensor_data(np.ascontiguousarray(data.astype(dtype)))
+    except BaseException:  # a source that fails half way leaves no temporary file
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
     writer.close()
     os.replace(tmp, out_path)
     return out_path.stat().st_size
