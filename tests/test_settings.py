@@ -53,3 +53,14 @@ def test_the_cli_reports_bad_settings_in_one_line_each_with_exit_2(clean_env, tm
     assert lines[0] == "error: bad settings:"
     assert any(x.startswith("H3RENDER_RETRY_INTERVALS_S=[0]: ") and "positive seconds" in x for x in lines)
     assert any(x.startswith("H3RENDER_ADMISSION_HEADROOM_FRACTION='1.5': ") and "< 1" in x for x in lines)
+
+
+def test_an_unreachable_redis_url_is_reported_without_its_password(clean_env):
+    from h3render.queue.connection import get_redis
+    from h3render.queue.errors import RedisUnavailableError
+    from redis_fixture import free_port
+
+    url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
+    with pytest.raises(RedisUnavailableError) as e:
+        get_redis(Settings(redis_url=url))
+    assert "hunter2-secret" not in str(e.value) and ":***@127.0.0.1" in str(e.value)

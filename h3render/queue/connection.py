@@ -27,7 +27,8 @@ def get_redis(settings: Settings | None = None, start: bool = True) -> redis.Red
         try:
             probe.ping()  # once, without redis-py's retry backoff, so a wrong URL fails fast
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            raise RedisUnavailableError(f"H3RENDER_REDIS_URL={settings.redis_url!r} does not answer: {e}") from e
+            raise RedisUnavailableError(
+                f"H3RENDER_REDIS_URL={redacted_url(settings.redis_url)!r} does not answer: {e}") from e
         except redis.ResponseError:
             pass  # it answers: a server that cannot persist (MISCONF) refuses PING too
         finally:
@@ -58,3 +59,19 @@ def single_attempt(r: redis.Redis) -> redis.Redis:
     kw.pop("retry_on_error", None)
     kw.pop("retry_on_timeout", None)
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kw))
+
+
+def redacted_url(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs (never print a secret)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
