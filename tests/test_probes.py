@@ -346,3 +346,67 @@ def test_malformed_is_a_clear_error(parser, needle, text):
     with pytest.raises(P.ProbeError) as e:
         parser(text)
     assert needle in str(e.value), f"message {str(e.value)!r} does not name {needle!r}"
+
+
+# ---- The live path reads psutil's named tuples field by field (h3render.worker.sensors).
+# This machine may have no sensors and no battery, so psutil's own tuple types are filled
+# with what real hwmon drivers report (labels with parentheses and quotes included).
+
+
+def _psutil_tuples():
+    import psutil
+
+    mod = getattr(psutil, "_ntuples", None) or psutil._common  # moved in psutil 7.2
+    return mod.shwtemp, mod.sbattery
+
+
+def test_live_readings_take_psutil_fields_not_their_repr(monkeypatch):
+    import psutil
+
+    from h3render.settings import Settings
+    from h3render.worker import sensors
+
+    shwtemp, sbattery = _psutil_tuples()
+    temps = {"k10temp": [shwtemp("CPU (Tctl)", 61.5, None, None),
+                         shwtemp("Tccd1", 55.0, 80.0, 95.0)],
+             "acpitz": [shwtemp("", 27.8, 105.0, 105.0)],
+             "dell_smm": [shwtemp("it's the GPU", 48.0, None, None)]}
+    monkeypatch.setattr(psutil, "sensors_temperatures", lambda *a, **k: temps, raising=False)
+    monkeypatch.setattr(psutil, "sensors_battery",
+                        lambda: sbattery(42.0, psutil.POWER_TIME_UNLIMITED, True), raising=False)
+    r = sensors.read_linux(Settings(gate_thermal_zone_pattern=r"k10temp|acpitz|dell_smm"))
+    assert not [e for e in r.errors if "psutil" in e], r.errors
+    # /sys/class/thermal zones of this machine, if any, are named by their type, not sensor/label
+    got = {z.name: (z.temp_c, z.limit_c) for z in r.thermal.zones}
+    assert {k: v for k, v in got.items() if k in (
+        "k10temp/CPU (Tctl)", "k10temp/Tccd1", "acpitz", "dell_smm/it's the GPU")} == {
+        "k10temp/CPU (Tctl)": (61.5, None), "k10temp/Tccd1": (55.0, 80.0),
+        "acpitz": (27.8, 105.0), "dell_smm/it's the GPU": (48.0, None)}
+    assert r.power.battery_percent == 42.0 and r.power.on_battery is False
+
+
+@pytest.mark.parametrize("name", ["linux-psutil-sensors_temperatures-01.txt",
+                                  "linux-psutil-sensors_temperatures-02.txt",
+                                  "linux-psutil-sensors_temperatures-docs-01.txt"])
+def test_live_and_recorded_temperature_readings_agree(name):
+    """The recorded text, rebuilt as psutil's tuples, reads the same through the live path."""
+    from h3render.worker import sensors
+
+    shwtemp, _ = _psutil_tuples()
+    recorded = P.parse_psutil_temperatures(body(name))
+    as_psutil = {k: [shwtemp(t.label, t.current, t.high, t.critical) for t in v]
+                 for k, v in recorded.items()}
+    assert sensors.psutil_temperatures(as_psutil) == recorded
+
+
+def test_live_battery_sentinels_and_recorded_battery_agree():
+    import psutil
+
+    from h3render.worker import sensors
+
+    _, sbattery = _psutil_tuples()
+    for b in P.parse_psutil_battery(body("linux-psutil-sensors_battery-01.txt")):
+        secs = psutil.POWER_TIME_UNKNOWN if b.secsleft is None else b.secsleft
+        assert sensors.psutil_battery(sbattery(b.percent, secs, b.power_plugged)) == b
+    got = sensors.psutil_battery(sbattery(99.0, psutil.POWER_TIME_UNLIMITED, None))
+    assert got == P.PsutilBattery(percent=99.0, secsleft=None, power_plugged=None)

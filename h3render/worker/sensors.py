@@ -15,6 +15,13 @@ Test hook: when H3RENDER_ENABLE_TEST_TRIGGERS=1 and H3RENDER_TEST_READINGS names
 JSON file, the readings come from that file (re-read on every call), so tests can
 drive a real worker process through closed and open gates. A file that gives no
 disk reading gets the real filesystem's, so a test on a small tmpfs is real.
+
+psutil's results are read from their named tuples' fields (`psutil_temperatures`,
+`psutil_battery`), never through repr() and a regex: a sensor label holding a
+parenthesis or a quote (hwmon drivers name them freely) would not survive the round
+trip. The repr parsers in h3render.worker.probes stay for what only exists as text:
+the recorded psutil outputs under tests/fixtures/probe-samples, which pin what each
+psutil version printed on real machines; a test checks that both readings agree.
 """
 
 from __future__ import annotations
@@ -60,6 +67,34 @@ def _psutil_vm() -> P.VirtualMemory:
 
     vm = psutil.virtual_memory()
     return P.VirtualMemory(total=vm.total, available=vm.available, percent=vm.percent)
+
+
+def _opt_float(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def psutil_temperatures(data: dict) -> dict[str, list[P.PsutilTemp]]:
+    """psutil.sensors_temperatures() (sensor -> [shwtemp]) as probe models, field by field."""
+    src = "psutil.sensors_temperatures"
+    out: dict[str, list[P.PsutilTemp]] = {}
+    for sensor, readings in data.items():
+        out[sensor] = []
+        for t in readings:
+            if t.current is None:
+                raise P.ProbeError(src, f"{sensor}: reading {t.label!r} has no current value")
+            out[sensor].append(P.PsutilTemp(label=t.label or "", current=float(t.current),
+                                            high=_opt_float(t.high),
+                                            critical=_opt_float(t.critical)))
+    return out
+
+
+def psutil_battery(b) -> P.PsutilBattery:
+    """psutil.sensors_battery()'s sbattery as a probe model; the negative secsleft
+    sentinels (POWER_TIME_UNKNOWN, POWER_TIME_UNLIMITED) become None."""
+    secs = None if b.secsleft is None else int(b.secsleft)
+    return P.PsutilBattery(percent=float(b.percent),
+                           secsleft=secs if secs is not None and secs >= 0 else None,
+                           power_plugged=b.power_plugged)
 
 
 # ---------------------------------------------------------------- macOS
@@ -175,13 +210,12 @@ def read_linux(settings: Settings) -> Readings:
 
     def temps() -> dict[str, list[P.PsutilTemp]]:
         fn = getattr(psutil, "sensors_temperatures", None)
-        data = fn() if fn else {}
-        return P.parse_psutil_temperatures(repr(data)) if data else {}
+        return psutil_temperatures(fn() if fn else {})
 
     def battery() -> P.PsutilBattery | None:
         fn = getattr(psutil, "sensors_battery", None)
         b = fn() if fn else None
-        return P.parse_psutil_battery(repr(b))[0] if b is not None else None
+        return psutil_battery(b) if b is not None else None
 
     swap = _try(errors, "psutil swap", psutil.swap_memory)
     cg_max, cg_cur = _cgroup_memory()
