@@ -150,3 +150,26 @@ def test_parse_probe_recorded_log():
     }  # fmt: skip
     with pytest.raises(ValueError, match="no video stream"):
         parse_probe("Input #0, wav, from 'a.wav':\n  Stream #0:0: Audio: pcm_s16le\n")
+
+
+def test_library_writer_hides_a_full_disk_which_is_why_ours_stays(capfd):
+    """imageio_ffmpeg.write_frames returns normally when ffmpeg fails (see video.py's top):
+    the day it raises, Mp4Writer can be replaced by it."""
+    import imageio_ffmpeg
+
+    gen = imageio_ffmpeg.write_frames("/dev/full", (32, 32), output_params=["-f", "mp4"], macro_block_size=1)
+    gen.send(None)
+    for f in clip(3, 32, 32):
+        gen.send(f.tobytes())
+    gen.close()  # no exception, although nothing could be written
+    assert "No space left on device" in capfd.readouterr().err  # only in our own stderr
+
+
+def test_ffmpeg_full_disk_log_names_the_errno():
+    import errno
+
+    from h3render.engine.video import _log_errno
+
+    log = "[out#0/mp4 @ 0x5] Could not write header (incorrect codec parameters ?): No space left on device"
+    assert _log_errno(log) == errno.ENOSPC
+    assert _log_errno("Disk quota exceeded") == errno.EDQUOT and _log_errno("Invalid argument") is None

@@ -18,6 +18,16 @@ said so in its log.
 running the same ffmpeg; `parse_probe` is the pure parser of its log.
 """
 
+# Why Mp4Writer drives ffmpeg itself rather than through imageio_ffmpeg.write_frames
+# (the same package's streaming writer, which we use for its ffmpeg binary and for
+# read_frames): write_frames leaves ffmpeg's stderr on our own process's stderr and
+# never looks at its exit status, so a failed encode ends without an exception. Fed
+# a full disk (/dev/full) it returns normally (tests/test_video.py pins this). We
+# need that failure raised, with ffmpeg's own words in it (the job's error) and the
+# errno it names (ENOSPC/EDQUOT send the job back to the queue), and we need the
+# file under a temporary name, flushed (fsync) and renamed only on success, which
+# write_frames, writing to the final path, does not do either.
+
 from __future__ import annotations
 
 import errno as _errno
