@@ -170,9 +170,17 @@ def test_previews_reach_the_progress_hook_as_pil_images(env, redis_conn, h3_sett
 
 
 def test_failed_job_raises_the_workers_reason(env, redis_conn, h3_settings):
+    from h3render.queue.engine_info import local_info, publish_engine_info
+
     bridge = client.Bridge.connect()
     payload = {"prompt": "a red ball", "model": "tiny-wan", "width": 64, "height": 64, "frames": 5, "steps": 2,
                "engine_options": {"no_such_option": 1}}
+    with pytest.raises(BridgeInputError, match="no_such_option"):  # refused at enqueue: no engine has it
+        bridge.render(payload, 300)
+    # A worker of another build says its engine has the option, so the job is queued; this worker's
+    # engine refuses it, and the node raises the worker's reason.
+    info = local_info("tiny-wan")
+    publish_engine_info(redis_conn, "tiny-wan", {**info, "options": {**info["options"], "no_such_option": ""}})
     out, log = call_with_burst_worker(lambda: bridge.render(payload, 300), env, redis_conn, h3_settings)
     e = out.get("error")
     assert isinstance(e, JobFailedError), (out, log)

@@ -203,7 +203,7 @@ def test_unknown_option_is_refused_at_enqueue(env, home, redis_conn, h3_settings
     assert set(published_info(redis_conn, "tiny-wan").get("options") or ()) == {"prewarm", "test_crash_at_step"}
     out = cli(env, "enqueue", "--model", "tiny-wan", "--prompt", "a ball", "--option", "prewarn=1")
     assert out.returncode == 2, out.stderr
-    assert "engine_options.prewarn=1: is not an option of model 'tiny-wan''s engine" in out.stderr
+    assert "engine_options.prewarn=1: is not an option of the engine of model 'tiny-wan'" in out.stderr
     assert "its options: prewarm, test_crash_at_step; nearest valid: 'prewarm'" in out.stderr
     assert queue(redis_conn, h3_settings).count == 0
     ok = cli(env, "enqueue", "--model", "tiny-wan", "--prompt", "a ball", "--option", "prewarm=1")

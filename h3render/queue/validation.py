@@ -100,7 +100,7 @@ def option_problems(options: Mapping[str, Any], info: Mapping[str, Any], model: 
         if key not in known:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
             out.append(Problem(f"engine_options.{short(key)}", short(value),
-                               f"is not an option of model {model!r}'s engine; its options: "
+                               f"is not an option of the engine of model {model!r}; its options: "
                                f"{', '.join(names) or 'none'}", close[0] if close else "(remove the option)"))
     return out
 
