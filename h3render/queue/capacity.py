@@ -3,9 +3,9 @@
     check(r, planned, settings)   raises DoesNotFitError (exit 2) for jobs no live machine can
                                   ever admit; returns warnings; adds a job's own to its Planned
 
-A job fits a machine when its memory estimate (h3render.worker.admission.estimate_memory,
-from the model directory's GGUF headers and file sizes, as the worker's admission computes
-it) is at most the machine's usable bytes: its total minus the admission headroom, the bound
+A job fits a machine when its memory estimate (the engine's own, Engine.estimate_memory on
+the model installed here, as the worker's admission computes it: h3render.worker.admission)
+is at most the machine's usable bytes: its total minus the admission headroom, the bound
 above which the worker's admission fails a job at once. Workers publish both figures
 (h3render.worker.publish.live_machines). A job that fits no live machine is refused with the
 figures and the nearest size that fits the biggest one (admission.smaller_size, same aspect
@@ -26,8 +26,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import redis
 
@@ -87,28 +85,22 @@ def this_machine(settings: Settings) -> Machine | None:
                    published=False)
 
 
-@lru_cache(maxsize=32)
-def _figures_cached(model_dir: str, quant: str, stamp: tuple):
-    from h3render.worker import admission as adm
-
-    return adm.model_dims(Path(model_dir), quant), adm.weight_bytes_on_disk(Path(model_dir))
-
-
-def local_figures(model: str, quant: str):
-    """(ModelDims, {quant: weight bytes}) of a CPU-engine model installed here, else None."""
+def local_engine(model: str):
+    """An open Engine on a CPU-engine model installed here (it maps the files and reads no
+    weight pages), or None: not installed here, not a GGUF model, or files the engine cannot
+    open (a broken file is the worker's to report, naming the file)."""
     from h3render import paths
     from h3render.engine import models
+    from h3render.engine.binding import Engine
+    from h3render.engine.exceptions import EngineError
 
     path = paths.models_dir() / model
     if not path.is_dir() or models.model_kind(path) != "gguf":
         return None
-    files = sorted(path.glob("*.gguf"))
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)  # a reconverted model is re-read
     try:
-        dims, weights = _figures_cached(str(path), quant, stamp)
-    except Exception:  # noqa: BLE001 - a broken file is the worker's to report, naming the file
+        return Engine(path, threads=0)  # all cores: the worker's count when `tune` measured none
+    except EngineError:
         return None
-    return (dims, weights) if quant in weights else None
 
 
 def check(r: redis.Redis, planned: Sequence, settings: Settings, infos: dict[str, dict]) -> None:
@@ -125,35 +117,41 @@ def check(r: redis.Redis, planned: Sequence, settings: Settings, infos: dict[str
         machines = [here]
     biggest = max(machines, key=lambda m: m.usable)
     verdicts: dict[tuple, Problem | str | None] = {}  # None: fits (or unchecked); str: a warning; Problem: refused
-    for p in planned:
-        job = p.job
-        key = (job.model, job.quant, job.width, job.height, job.frames, job.guidance > 1.0)
-        if key not in verdicts:
-            info = infos.get(job.model) or {}
-            verdicts[key] = None if is_h3(info) else _verdict(job, info, biggest)
-        v = verdicts[key]
-        if isinstance(v, str) and v not in p.warnings:
-            p.warnings.append(v)
+    engines: dict[str, object] = {}  # model -> its Engine here, or None; one open per model
+    try:
+        for p in planned:
+            job = p.job
+            key = (job.model, job.quant, job.width, job.height, job.frames, job.guidance > 1.0)
+            if key not in verdicts:
+                info = infos.get(job.model) or {}
+                if is_h3(info):
+                    verdicts[key] = None
+                else:
+                    if job.model not in engines:
+                        engines[job.model] = local_engine(job.model)
+                    verdicts[key] = _verdict(job, info, biggest, engines[job.model])
+            v = verdicts[key]
+            if isinstance(v, str) and v not in p.warnings:
+                p.warnings.append(v)
+    finally:
+        for engine in engines.values():
+            if engine is not None:
+                engine.close()
     problems = list(dict.fromkeys(v for v in verdicts.values() if isinstance(v, Problem)))
     if problems:
         raise DoesNotFitError(problems)
 
 
-def _verdict(job, info: dict, biggest: Machine) -> Problem | str | None:
+def _verdict(job, info: dict, biggest: Machine, engine=None) -> Problem | str | None:
     """None when `job` fits `biggest`; else the refusal (a published machine) or the warning
-    (this machine standing in), with the figures and the nearest size that fits."""
-    from h3render.worker import admission as adm
-
-    shape = adm.JobShape(width=job.width, height=job.height, frames=job.frames, guidance=job.guidance,
-                         quant=job.quant, threads=os.cpu_count() or 1)
+    (this machine standing in), with the figures and the nearest size that fits. `engine`:
+    the model's Engine here (the full estimate), or None (the lower bound)."""
     head = 1.0 - biggest.usable / biggest.total
-    fig = local_figures(job.model, job.quant)
-    if fig is not None:
-        dims, weights = fig
-        a = adm.admit(shape, dims, weights, biggest.total, head)
+    full = _full_estimate(job, engine, biggest, head) if engine is not None else None
+    if full is not None:
+        a, size = full
         if a.fits:
             return None
-        size = adm.smaller_size(shape, dims, weights[job.quant], biggest.usable)
         need, hint, bound = a.need, a.suggestion, ""
     else:
         wb = (info.get("weight_bytes") or {}).get(job.quant)
@@ -173,6 +171,30 @@ def _verdict(job, info: dict, biggest: Machine) -> Problem | str | None:
     if biggest.published:
         return Problem("width x height", f"{job.width}x{job.height}", rule, nearest)
     return f"{job.width}x{job.height} would not fit: {rule}"
+
+
+def _full_estimate(job, engine, biggest: Machine, head: float):
+    """(Admission against `biggest`, the nearest size that fits or None) from the engine's
+    estimate of the job's request, or None when the engine refuses it (the worker reports it)."""
+    from dataclasses import replace
+
+    from h3render.engine.exceptions import EngineError
+    from h3render.queue.contract import request
+    from h3render.worker import admission as adm
+
+    info = engine.info()
+    levels = [str(q) for q in info.get("quant_levels") or []]
+    if job.quant not in levels:
+        return None
+    grid = int(info.get("size_multiple") or adm.SIZE_MULTIPLE)
+    try:
+        req = replace(request(job, info, engine.model_dir), threads=int(info.get("threads") or 1))
+        estimate = adm.engine_estimator(engine)
+        a = adm.admit(req, estimate, levels, biggest.total, head, grid)
+        size = None if a.fits else adm.smaller_size(req, estimate, biggest.usable, grid)
+    except (EngineError, OSError):
+        return None
+    return a, size
 
 
 def lower_bound(width: int, height: int, frames: int, weight_bytes: int) -> int:

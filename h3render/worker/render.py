@@ -116,7 +116,17 @@ def _short(v) -> str:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    """Peak resident set of this process: VmHWM from /proc/self/status where there is one
+    (on Linux ru_maxrss carries the parent's peak across fork and exec, so a render process
+    forked from a large worker would report the worker's), else ru_maxrss (KiB on Linux,
+    bytes on macOS)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
@@ -245,12 +255,16 @@ def _render(payload: dict, rq_job, settings: Settings, meta: _Meta, job_id: str,
     threads, threads_source = engine_threads(job)
     meta.update(threads=threads, threads_source=threads_source)
 
-    # -- admission
+    # -- model files, then admission
     if models.model_kind(model_dir) == "h3":
         est, check = _h3_admission(job, model_dir, settings)
+        _admit(job, settings, meta, rq_job, parent, est, check, health)
     else:
-        est, check = _cpu_admission(job, model_dir, settings, threads)
-    _admit(job, settings, meta, rq_job, parent, est, check, health)
+        from h3render.engine.binding import Engine
+
+        with _open_engine(Engine, model_dir, threads) as engine:  # maps files, reads no weight pages
+            est, check = _cpu_admission(job, model_dir, settings, engine)
+            _admit(job, settings, meta, rq_job, parent, est, check, health)
     timings["admission"] = time.time() - t0
 
     files.staging = staging.new_staging(files.final, files.attempt)
@@ -332,18 +346,37 @@ def engine_threads(job: RenderJob) -> tuple[int, str]:
     return (best, "tune") if best else (0, "all cores")
 
 
-def _cpu_admission(job: RenderJob, model_dir: Path, settings: Settings, threads: int):
-    """(estimate, check(available) -> Admission) for the CPU engine's GGUF model dir."""
-    weights = adm.weight_bytes_on_disk(model_dir)
-    if job.quant not in weights:
+def _cpu_admission(job: RenderJob, model_dir: Path, settings: Settings, engine):
+    """(estimate, check(available) -> Admission) for the CPU engine's GGUF model dir, from the
+    engine's own estimate of the exact request the render will make (its real thread count).
+
+    The model's files are checked first, as the engine sees them now: a level whose file broke
+    after conversion (the engine set it aside, info "unusable_levels") fails the job at once,
+    naming the file, with no retry; so does a level the model lacks, or a request the engine
+    refuses (InvalidRequestError or UnsupportedError from the estimate)."""
+    from dataclasses import replace
+
+    from h3render.engine.exceptions import InvalidRequestError, UnsupportedError
+    from h3render.queue.contract import request
+
+    info = engine.info()
+    broken = (info.get("unusable_levels") or {}).get(job.quant)
+    if broken:
+        raise PermanentJobError(f"quant={job.quant} of model {model_dir.name!r} is unusable: {broken}")
+    levels = [str(q) for q in info.get("quant_levels") or []]
+    if job.quant not in levels:
         raise PermanentJobError(f"quant={job.quant!r} is not available for model {job.model!r}; "
-                                f"available: {', '.join(sorted(weights)) or 'none'}")
-    dims = adm.model_dims(model_dir, job.quant)
-    shape = adm.JobShape(width=job.width, height=job.height, frames=job.frames,
-                         guidance=job.guidance, quant=job.quant,
-                         threads=threads or os.cpu_count() or 1)
-    est = adm.estimate_memory(shape, dims, weights[job.quant])
-    return est, lambda avail: adm.admit(shape, dims, weights, avail, settings.admission_headroom_fraction)
+                                f"available: {', '.join(sorted(levels)) or 'none'}")
+    req = request(job, info, model_dir)
+    req = replace(req, threads=int(info.get("threads") or os.cpu_count() or 1))
+    estimate = adm.engine_estimator(engine)
+    try:
+        est = estimate(req)
+    except (InvalidRequestError, UnsupportedError) as e:  # what generate would refuse too
+        raise PermanentJobError(f"invalid job: {e}", e.message) from None
+    grid = int(info.get("size_multiple") or adm.SIZE_MULTIPLE)
+    return est, lambda avail: adm.admit(req, estimate, levels, avail,
+                                        settings.admission_headroom_fraction, grid)
 
 
 def _h3_admission(job: RenderJob, model_dir: Path, settings: Settings):

@@ -4,7 +4,7 @@ Real redis-server, a real `h3render worker` and its render processes, the built-
 tiny model. The memory, heat and disk figures come from the worker's test readings
 file (H3RENDER_TEST_READINGS), which the test rewrites while the worker runs.
 
-    never fits     4096x4096 needs ~16.5 GiB; the readings say the machine has 8 GiB
+    never fits     4096x4096 needs ~17.4 GiB; the readings say the machine has 8 GiB
                    in all: failed at the first admission reading, not retryable,
                    with the figures and a size that fits
     cancel         while waiting for memory, for disk space and paused hot: the job
@@ -65,7 +65,7 @@ def test_never_fitting_job_fails_at_once_with_figures(worker_env, redis_conn, h3
     m = job.meta["h3r"]
     took = m["failed_at"] - m["started_at"]
     print(f"never-fitting job: failed {took:.2f} s after its render process started: {m['error']}")
-    assert m["error"].startswith("does not fit this machine's memory: needs 16.5 GiB, machine has "
+    assert m["error"].startswith("does not fit this machine's memory: needs 17.4 GiB, machine has "
                                  "8.0 GiB total (6.4 GiB usable, headroom 20%); try a smaller size "
                                  "such as "), (m["error"], out)
     w, h = (int(v) for v in m["error"].rsplit(" ", 1)[1].split("x"))
@@ -111,9 +111,9 @@ def test_cancel_ends_a_waiting_job_within_2_s(worker_env, redis_conn, h3_setting
     p = start_worker(env)
     try:
         for _ in range(2):
-            # 0.25 of 2 GiB available: over the gate's 10%, under the tiny model's ~0.26 GiB plus
+            # 64 of 512 MiB available: over the gate's 10%, under the tiny model's ~0.08 GiB plus
             # headroom; it waits, as it would fit once other programs free memory
-            write_readings(readings, machine(total=2 * GiB, available=GiB // 4))
+            write_readings(readings, machine(total=GiB // 2, available=GiB // 16))
             jid = enqueue(redis_conn, SMALL, h3_settings).job_ids[0]
             m = _wait_state(redis_conn, jid, "waiting_memory")
             assert m["reason"].startswith("waiting for memory: needs 0."), m["reason"]

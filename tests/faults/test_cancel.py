@@ -151,8 +151,8 @@ def test_cancel_while_the_render_waits_or_runs(worker_env, redis_conn, h3_settin
     results = {}
     p = start_worker(env)
     try:
-        # 0.25 of 2 GiB available: the gate's 10% is met, the job (~0.26 GiB plus headroom) waits
-        write_readings(readings, machine(total=2 * GiB, available=GiB // 4))
+        # 64 of 512 MiB available: the gate's 10% is met, the job (~0.08 GiB plus headroom) waits
+        write_readings(readings, machine(total=GiB // 2, available=GiB // 16))
         jid = enqueue(r, SMALL, h3_settings).job_ids[0]
         wait_state(r, jid, "waiting_memory")
         results["waiting for memory"] = (jid, cancel_and_time(r, jid), WAITING_BOUND_S, "")
