@@ -33,7 +33,7 @@ from redis_fixture import free_port
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from browser import Browser, browser_available
+from browser import Browser, needs_browser
 
 REPO = Path(__file__).resolve().parents[1]
 # Not docs/screenshots by default: a test run must not rewrite committed files.
@@ -48,13 +48,9 @@ CRASH_AT = (2, 3)  # (seed, steps) of the job that crashes
 pytestmark = pytest.mark.slow
 
 
-def _skip_reason() -> str | None:
-    return browser_available()
-
-
-if _skip_reason():
-    pytest.skip(f"no headless browser: {_skip_reason()}; .ci/run installs chromium and chromium-driver",
-                allow_module_level=True)
+# Each test that drives Chromium is skipped on its own, with what to install, when there
+# is none; the others (plain HTTP) run regardless.
+BROWSER = needs_browser()
 
 
 def wait_for(pred, timeout: float, what: str, every: float = 0.1):
@@ -185,6 +181,7 @@ def visit(browser: Browser, url: str, shot: str | None = None) -> None:
 # ---------------------------------------------------------------- pages
 
 
+@BROWSER
 def test_sweeps_list(world, browser):
     visit(browser, world.base + "/", "sweeps.png")
     row = browser.one(f'tr.sweep-row[data-sweep-id="{world.sweep_id}"]')
@@ -196,6 +193,7 @@ def test_sweeps_list(world, browser):
     assert prompt.find_elements("css selector", "b, script") == []  # never as markup
 
 
+@BROWSER
 def test_sweep_grid_has_one_cell_per_job_with_axis_labels(world, browser):
     visit(browser, f"{world.base}/sweeps/{world.sweep_id}", "sweep-grid.png")
     assert [th.text for th in browser.css("th.col-label")] == ["steps=2", "steps=3"]
@@ -222,6 +220,7 @@ def test_sweep_grid_has_one_cell_per_job_with_axis_labels(world, browser):
         assert re.fullmatch(r"[\d.]+ (ms|s) \S \d+ MiB", stats), stats  # render time and peak memory
 
 
+@BROWSER
 def test_clip_plays_on_hover(world, browser):
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -237,6 +236,7 @@ def test_clip_plays_on_hover(world, browser):
     assert browser.console_errors() == []
 
 
+@BROWSER
 def test_layout_picker_swaps_rows_and_columns(world, browser):
     from selenium.webdriver.support.ui import Select
 
@@ -253,6 +253,7 @@ def test_layout_picker_swaps_rows_and_columns(world, browser):
     assert browser.console_errors() == []
 
 
+@BROWSER
 def test_job_page(world, browser):
     jid = next(j for j in world.job_ids if j != world.failed_id())
     visit(browser, f"{world.base}/jobs/{jid}", "job.png")
@@ -275,6 +276,7 @@ def test_job_page(world, browser):
     assert browser.js("return document.querySelector('video.big').readyState >= 1")
 
 
+@BROWSER
 def test_failed_job_page(world, browser):
     visit(browser, f"{world.base}/jobs/{world.failed_id()}", "job-failed.png")
     assert "SIGSEGV" in browser.one(".summary .reason").text
@@ -282,6 +284,7 @@ def test_failed_job_page(world, browser):
     assert browser.css(".actions button.retry") and not browser.css(".actions button.cancel")
 
 
+@BROWSER
 def test_worker_page(world, browser):
     visit(browser, world.base + "/workers", "workers.png")
     host = os.uname().nodename
@@ -293,6 +296,7 @@ def test_worker_page(world, browser):
     assert f"History ({n} readings)" in section.text
 
 
+@BROWSER
 def test_rq_dashboard_answers(world, browser):
     visit(browser, world.base + "/rq/", "rq.png")
     browser.wait(lambda d: "h3render" in d.find_element("css selector", "body").text, 20, "queue list")
@@ -322,6 +326,7 @@ def test_post_without_csrf_is_refused(world):
     assert fetch(world.r, jid).get_status() == JobStatus.FAILED  # nothing changed
 
 
+@BROWSER
 def test_retry_failed_job_from_the_grid(world, browser):
     jid = world.failed_id()
     browser.open(f"{world.base}/sweeps/{world.sweep_id}")
@@ -337,6 +342,7 @@ def test_retry_failed_job_from_the_grid(world, browser):
     assert browser.console_errors() == []
 
 
+@BROWSER
 def test_running_job_is_live_and_cancel_stops_it(world, browser):
     from h3render.queue.enqueue import enqueue_sweep
 

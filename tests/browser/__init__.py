@@ -5,4 +5,4 @@ Nothing is downloaded at run time: the browser and the driver are the system's
 selenium explicitly, so Selenium Manager never runs.
 """
 
-from browser.chromium import Browser, browser_available, shrink_png  # noqa: F401
+from browser.chromium import Browser, browser_available, needs_browser, shrink_png  # noqa: F401

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import shutil
 from pathlib import Path
 
@@ -22,7 +23,16 @@ MAX_PNG_BYTES = 300 * 1024
 WINDOW = (1280, 900)
 
 
-def _which(names) -> str | None:
+# A browser or driver somewhere other than PATH (or, set to a path that does not exist,
+# none at all: how tests/browser/test_skips.py sees what a machine without them reports).
+CHROMIUM_ENV = "H3RENDER_TEST_CHROMIUM"
+DRIVER_ENV = "H3RENDER_TEST_CHROMEDRIVER"
+INSTALL = "apt-get install chromium chromium-driver"
+
+
+def _which(names, env: str) -> str | None:
+    if os.environ.get(env):
+        return shutil.which(os.environ[env])
     for n in names:
         p = shutil.which(n)
         if p:
@@ -33,15 +43,27 @@ def _which(names) -> str | None:
 def browser_available() -> str | None:
     """None when chromium, chromedriver and selenium are all there, else what is missing."""
     missing = []
-    if _which(CHROMIUM_NAMES) is None:
+    if _which(CHROMIUM_NAMES, CHROMIUM_ENV) is None:
         missing.append("chromium (apt-get install chromium)")
-    if _which(DRIVER_NAMES) is None:
+    if _which(DRIVER_NAMES, DRIVER_ENV) is None:
         missing.append("chromedriver (apt-get install chromium-driver)")
     try:
         import selenium  # noqa: F401
     except ImportError:
         missing.append("selenium (pip install selenium)")
     return ", ".join(missing) or None
+
+
+def needs_browser():
+    """A mark for each test that drives Chromium: without one it is skipped on its own
+    line of the report (a mark's skip is reported at the test's own line, so pytest -ra
+    does not fold the tests of a module into one), naming what to install."""
+    import pytest
+
+    missing = browser_available()
+    reason = (f"no headless browser: {missing} missing; `{INSTALL}` (.ci/run installs them)"
+              if missing else "headless Chromium is present")
+    return pytest.mark.skipif(missing is not None, reason=reason)
 
 
 class Browser:
@@ -51,7 +73,7 @@ class Browser:
         from selenium.webdriver.chrome.service import Service
 
         opts = Options()
-        opts.binary_location = _which(CHROMIUM_NAMES)
+        opts.binary_location = _which(CHROMIUM_NAMES, CHROMIUM_ENV)
         for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                     "--disable-extensions", "--no-first-run", "--mute-audio",
                     "--disable-background-networking", "--disable-component-update",
@@ -59,7 +81,7 @@ class Browser:
                     f"--window-size={width},{height}", "--autoplay-policy=no-user-gesture-required"):
             opts.add_argument(arg)
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        self.driver = webdriver.Chrome(service=Service(executable_path=_which(DRIVER_NAMES)), options=opts)
+        self.driver = webdriver.Chrome(service=Service(executable_path=_which(DRIVER_NAMES, DRIVER_ENV)), options=opts)
         self.driver.set_page_load_timeout(60)
         self._errors: list[dict] = []
 

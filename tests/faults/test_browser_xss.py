@@ -37,13 +37,12 @@ from rq.registry import FailedJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from browser import Browser, browser_available
+from browser import Browser, needs_browser
 from faults.harness import SMALL
 from h3render.keys import RENDER_FUNC, SWEEP_JOBS_KEY, SWEEP_KEY, SWEEPS_KEY
 
-if browser_available():
-    pytest.skip(f"no headless browser: {browser_available()}; .ci/run installs chromium and chromium-driver",
-                allow_module_level=True)
+# Every test here drives Chromium: without one each is skipped on its own, with what to install.
+pytestmark = needs_browser()
 
 MARK = "h3r-pwned"
 
