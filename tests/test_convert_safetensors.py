@@ -87,3 +87,15 @@ def test_valid_tensors_convert_to_their_values(tmp_path):
     np.testing.assert_array_equal(got["a.bias"], a.reshape(-1))
     np.testing.assert_array_equal(got["b.bias"], b.astype(np.float32))
     np.testing.assert_array_equal(got["c.bias"], c32)
+
+
+def test_a_source_changed_after_its_header_was_read_is_named(tmp_path):
+    from h3render.engine import convert
+
+    a = np.arange(4, dtype=np.float32)
+    src, st = _source(tmp_path, _file({"w.bias": _t("F32", [4], 0, 16)}, a.tobytes()))
+    (t,) = convert._read_safetensors_header(st)
+    np.testing.assert_array_equal(convert._load(t), a)
+    st.write_bytes(_file({"w.bias": _t("F32", [2], 0, 8)}, a[:2].tobytes()))  # replaced meanwhile
+    with pytest.raises(ConvertError, match=rf"{st}: changed while being converted"):
+        convert._load(t)

@@ -96,6 +96,13 @@ class _SourceTensor:
     path: Path
     dtype: str
     shape: tuple[int, ...]
+    stamp: tuple[int, int]  # the file's (size, mtime_ns) when its header was checked
+    data: tuple[int, int] | None = None  # BF16 only: absolute byte range of its data
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def _open(path: Path):
@@ -109,6 +116,7 @@ def _open(path: Path):
 
 def _read_safetensors_header(path: Path) -> list[_SourceTensor]:
     """Tensor index of one .safetensors file, checked by safetensors itself."""
+    stamp = _stamp(path)
     with _open(path) as f:
         tensors = []
         for name in f.keys():
@@ -118,7 +126,15 @@ def _read_safetensors_header(path: Path) -> list[_SourceTensor]:
                 raise ConvertError(
                     f"{path}: tensor '{name}' has dtype {dtype}; supported: {', '.join(_ST_DTYPES)}"
                 )
-            tensors.append(_SourceTensor(name, path, dtype, shape))
+            tensors.append(_SourceTensor(name, path, dtype, shape, stamp))
+    if any(t.dtype == "BF16" for t in tensors):
+        with open(path, "rb") as fh:  # the header safe_open has just accepted
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(hlen))
+        for t in tensors:
+            if t.dtype == "BF16":
+                begin, end = header[t.name]["data_offsets"]
+                t.data = (8 + hlen + begin, 8 + hlen + end)
     return tensors
 
 
@@ -147,32 +163,23 @@ def _source_tensors(folder: Path) -> list[_SourceTensor]:
     return [tensors[k] for k in sorted(tensors)]
 
 
-def _bf16(t: _SourceTensor) -> np.ndarray:
-    """A BF16 tensor as float32, mapped from the offsets of a header safe_open accepted."""
-    with open(t.path, "rb") as fh:
-        (hlen,) = struct.unpack("<Q", fh.read(8))
-        begin, end = json.loads(fh.read(hlen))[t.name]["data_offsets"]
-    mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=8 + hlen + begin, shape=(end - begin,))
-    return (np.frombuffer(mm, np.dtype("<u2")).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
-
-
 def _load(t: _SourceTensor) -> np.ndarray:
-    """One tensor as float32; a file that changed since its header was read is named."""
+    """One tensor as float32. The file must be the one whose header was checked: a file
+    changed since then is refused, naming it, rather than read at stale offsets."""
     from safetensors import SafetensorError
 
     try:
-        if t.dtype == "BF16":
-            with _open(t.path):  # checked again: the file may have changed since
-                pass
-            arr = _bf16(t)
-        else:
-            with _open(t.path) as f:
-                arr = f.get_tensor(t.name)
+        if _stamp(t.path) != t.stamp:
+            raise ConvertError(f"{t.path}: changed while being converted; convert again")
+        if t.data is not None:  # BF16: numpy has no bfloat16, so safe_open cannot return it
+            begin, end = t.data
+            mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=begin, shape=(end - begin,))
+            u16 = np.frombuffer(mm, np.dtype("<u2")).reshape(t.shape)
+            return (u16.astype(np.uint32) << 16).view(np.float32)
+        with _open(t.path) as f:
+            arr = f.get_tensor(t.name)
     except (SafetensorError, OSError, KeyError, ValueError) as exc:
         raise ConvertError(f"{t.path}: tensor '{t.name}' cannot be read: {exc}") from None
-    if tuple(arr.shape) != t.shape:
-        raise ConvertError(f"{t.path}: tensor '{t.name}' has shape {tuple(arr.shape)}, "
-                           f"its header said {t.shape} when conversion began")
     return np.asarray(arr, dtype=np.float32)
 
 
