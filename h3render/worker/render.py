@@ -5,13 +5,17 @@ engine for exactly one render and all memory goes back to the OS afterwards.
 
     validate (RenderJob, resolved)        -> PermanentJobError on failure
     resolve the model by name             -> PermanentJobError when missing
+    model files (the engine's view)       -> PermanentJobError naming the file when the job's
+                                             level broke after conversion (info
+                                             "unusable_levels"); H3: `models inspect`
     admission (memory estimate vs now)    -> PermanentJobError at once when the job cannot fit
                                              this machine's total memory (figures and the
                                              nearest size that fits); else waits for memory
                                              and for disk space (output estimate + margin),
-                                             then RetryableJobError; the estimate is
-                                             the CPU engine's (h3render.worker.admission) or,
-                                             for an H3 snapshot, h3.c's (admit_h3, with the
+                                             then RetryableJobError; the estimate is the CPU
+                                             engine's own for the exact request it will render
+                                             (Engine.estimate_memory, h3render.worker.admission)
+                                             or, for an H3 snapshot, h3.c's (admit_h3, with the
                                              DiT bytes from `models inspect`)
     engine: load, encode, denoise, decode -> progress/ETA/peak RSS into meta each tick;
                                              cancel key polled each tick; heat pause
