@@ -63,6 +63,11 @@ def worker(burst: bool, max_jobs: int | None, force: bool, name: str | None,
         fail(e.exit_code, e)
     except redis.RedisError as e:  # at start, before the worker's own loop waits out outages
         fail(1, f"Redis: {e}")
+    except Exception as e:  # noqa: BLE001 - a bug of ours: the traceback in the log, then one line, exit 1
+        import logging
+
+        logging.getLogger("h3render.worker").exception("the worker stopped on an unexpected error")
+        fail(1, f"the worker stopped on an unexpected error: {type(e).__name__}: {e}")
 
 
 def _passwords(url: str | None) -> list[str]:

@@ -283,6 +283,8 @@ class H3Worker(CancelAwareFailures, Upkeep, SpawnWorker):
             scheduling.ensure_scheduler(self)
 
     def _reregister_if_lost(self) -> None:
+        if self.birth_date is None or self.last_heartbeat is None:
+            return  # Redis went away during bootstrap, before the first registration: bootstrap redoes it
         if self.connection.hexists(self.key, "birth"):
             return
         log.warning("worker %s: its record was lost with Redis's data; registering again", self.name)
