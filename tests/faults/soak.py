@@ -322,8 +322,24 @@ class Soak:
         ]
         if not drained:
             rows.append(FaultRow("soak", "queue drained in time", 1, 0, 0,
-                                 f"within {self.args.drain_minutes} min after the faults stop"))
+                                 f"within {self.args.drain_minutes} min after the faults stop",
+                                 "; ".join(self.where(r, j) for j in not_ended[:3])))
         return rows
+
+    def where(self, r, jid: str) -> str:
+        """Where a job that did not end sits: its status, meta state and every list holding it."""
+        q = self.settings.queue_name
+        raw = r.hgetall(f"rq:job:{jid}")
+        meta = json.loads(raw.get(b"meta") or b"{}").get("h3r") or {}
+        places = [name for name, hit in (
+            ("queue", jid.encode() in r.lrange(f"rq:queue:{q}", 0, -1)),
+            ("intermediate", jid.encode() in r.lrange(f"rq:queue:{q}:intermediate", 0, -1)),
+            ("scheduled", r.zscore(f"rq:scheduled:{q}", jid) is not None),
+            ("started", any(e.decode().startswith(jid) for e in r.zrange(f"rq:wip:{q}", 0, -1))),
+            ("failed", r.zscore(f"rq:failed:{q}", jid) is not None),
+            ("deferred", r.zscore(f"rq:deferred:{q}", jid) is not None)) if hit]
+        return (f"{jid} status {raw.get(b'status', b'?').decode()} state {meta.get('state')} attempt "
+                f"{meta.get('attempt')} in {','.join(places) or 'no list'}")
 
     def close(self) -> None:
         try:
