@@ -21,12 +21,12 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
+from faults.harness import fetch, start_worker, stop, wait_for, worker_environment, write_readings  # noqa: F401
 from h3render.queue import control
 from h3render.queue.enqueue import enqueue, enqueue_sweep
 from h3render.queue.status import job_status
 from h3render.worker.health import MemoryReading, PowerReading, Readings
 
-REPO = Path(__file__).resolve().parents[1]
 CLI = "import importlib.util, sys; from h3render.cli import main; sys.argv[0] = 'h3render'; main()"
 SMALL = {"prompt": "a red ball", "model": "tiny-wan", "width": 64, "height": 64, "frames": 17, "steps": 3}
 
@@ -35,36 +35,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def env(h3_settings, tmp_path):
-    """Environment of worker processes: this test's Redis and home, fast gate polls,
-    short retry intervals, the test triggers on and a readings file (normal)."""
-    readings = tmp_path / "readings.json"
-    write_readings(readings, Readings(platform="test"))
-    e = dict(os.environ)
-    e.update(
-        PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""),
-        H3RENDER_HOME=str(h3_settings.home),
-        H3RENDER_REDIS_URL=h3_settings.redis_url,
-        H3RENDER_GATE_POLL_S="1",
-        H3RENDER_RETRY_INTERVALS_S="[1, 1, 1]",
-        H3RENDER_ENABLE_TEST_TRIGGERS="1",
-        H3RENDER_TEST_READINGS=str(readings),
-    )
-    e["_readings"] = str(readings)
-    return e
-
-
-def write_readings(path: Path, r: Readings) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(r.model_dump_json())
-    os.replace(tmp, path)
-
-
-def start_worker(env: dict, *args: str) -> subprocess.Popen:
-    e = {k: v for k, v in env.items() if not k.startswith("_")}
-    # own session: the worker, its rq scheduler child and nothing else share a group
-    return subprocess.Popen([sys.executable, "-c", CLI, "worker", *args], env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    """Environment of worker processes (faults.harness.worker_environment)."""
+    return worker_environment(h3_settings, tmp_path / "readings.json")
 
 
 def run_worker(env: dict, *args: str, timeout: float = 120) -> str:
@@ -79,33 +51,8 @@ def run_worker(env: dict, *args: str, timeout: float = 120) -> str:
     return out
 
 
-def wait_for(pred, timeout: float, what: str, every: float = 0.05):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def fetch(r, job_id) -> Job:
-    return Job.fetch(job_id, connection=r, serializer=JSONSerializer)
-
-
 def h3(r, job_id) -> dict:
     return fetch(r, job_id).meta.get("h3r") or {}
-
-
-def stop(p: subprocess.Popen) -> str:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return p.stdout.read() if p.stdout else ""
 
 
 # ---------------------------------------------------------------- the sweep

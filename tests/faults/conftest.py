@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from faults.harness import REPO, write_readings
+from faults.harness import worker_environment
 from faults.table import FaultRow, format_table  # noqa: F401 - format_table re-exported
-from h3render.worker.health import Readings
 
 REPORT_ENV = "H3RENDER_FAULTS_REPORT"
 
@@ -59,22 +58,8 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def worker_env(h3_settings, tmp_path):
-    """Environment of worker processes: this test's Redis and home, 1 s gate polls,
-    1 s retry intervals, the test triggers on and a readings file (normal)."""
-    readings = tmp_path / "readings.json"
-    write_readings(readings, Readings(platform="test"))
-    e = dict(os.environ)
-    e.update(
-        PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""),
-        H3RENDER_HOME=str(h3_settings.home),
-        H3RENDER_REDIS_URL=h3_settings.redis_url,
-        H3RENDER_GATE_POLL_S="1",
-        H3RENDER_RETRY_INTERVALS_S="[1, 1, 1]",
-        H3RENDER_ENABLE_TEST_TRIGGERS="1",
-        H3RENDER_TEST_READINGS=str(readings),
-    )
-    e["_readings"] = str(readings)
-    return e
+    """The environment of worker processes for this test's Redis and home (harness.worker_environment)."""
+    return worker_environment(h3_settings, tmp_path / "readings.json")
 
 
 @pytest.fixture

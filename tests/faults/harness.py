@@ -36,6 +36,25 @@ def write_readings(path: Path, r: Readings) -> None:
     os.replace(tmp, path)
 
 
+def worker_environment(settings, readings: Path) -> dict:
+    """Environment of worker processes: the settings' Redis and home, 1 s gate polls, 1 s
+    retry intervals, the test triggers on and a readings file (normal). "_readings" names
+    that file for the test and is dropped before a process starts (clean_env)."""
+    write_readings(readings, Readings(platform="test"))
+    e = dict(os.environ)
+    e.update(
+        PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""),
+        H3RENDER_HOME=str(settings.home),
+        H3RENDER_REDIS_URL=settings.redis_url,
+        H3RENDER_GATE_POLL_S="1",
+        H3RENDER_RETRY_INTERVALS_S="[1, 1, 1]",
+        H3RENDER_ENABLE_TEST_TRIGGERS="1",
+        H3RENDER_TEST_READINGS=str(readings),
+    )
+    e["_readings"] = str(readings)
+    return e
+
+
 def clean_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if not k.startswith("_")}
 
