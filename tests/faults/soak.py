@@ -181,12 +181,17 @@ class Soak:
     def cancel_one(self) -> bool:
         from h3render.queue import control
 
-        cands = self.live_ids()
+        try:
+            r = self.conn()
+            cands = [j for j in self.live_ids()
+                     if r.hget(f"rq:job:{j}", "status") not in (b"finished", b"failed", b"canceled")]
+        except Exception:  # noqa: BLE001 - Redis down right now
+            return False
         if not cands:
             return False
         jid = self.rng.choice(cands)
         try:
-            done = control.cancel(self.conn(), jid).done
+            done = control.cancel(r, jid).done
         except Exception:  # noqa: BLE001 - e.g. Redis down: not a cancel
             return False
         if done:
