@@ -23,7 +23,8 @@ def is_terminal() -> bool:
 
 def console(**kw) -> Console:
     """A Console for command output (keyword arguments go to rich's Console)."""
-    if not is_terminal():
+    stream = sys.stderr if kw.get("stderr") else sys.stdout
+    if not stream.isatty():
         kw.setdefault("width", PIPE_WIDTH)
         kw.setdefault("no_color", True)
         kw.setdefault("highlight", False)

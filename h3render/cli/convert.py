@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
+from h3render.cli.console import console as make_console
 
 
 def parse_quants(value: str) -> list[str]:
@@ -35,7 +35,7 @@ def convert(src: Path, dst: Path, quant: str, name: str | None) -> None:
     from h3render.engine.exceptions import ConvertError
 
     quants = parse_quants(quant)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     try:
         report = convert_pipeline(src, dst, quants=quants, name=name)
     except ConvertError as exc:

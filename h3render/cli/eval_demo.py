@@ -17,9 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from h3render.cli.console import console as make_console
 
 # The acceptance thresholds, per attribute.
 THRESHOLDS = {"color": 0.90, "direction": 0.85, "shape": 0.70}
@@ -46,7 +46,7 @@ def eval_demo(model_arg: str, quant: str | None, n: int, seed: int, steps: int |
     from h3render.engine.exceptions import EngineError
     from h3render.engine.models import describe
 
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     try:
         if n < 1:
             raise BadInput(f"--prompts={n} must be at least 1")

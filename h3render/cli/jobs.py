@@ -22,6 +22,7 @@ from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.queue.errors import (JobValidationError, NotFoundError, NotStoredError, Problem, QueueError,
                                    QueueInputError)
 from h3render.queue.rules import short
+from h3render.cli.console import console as make_console
 
 INT_FIELDS = ("seed", "width", "height", "frames", "steps", "fps", "preview_every")
 FLOAT_FIELDS = ("guidance", "shift")
@@ -418,7 +419,6 @@ def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit
            states: tuple[str, ...], all_rows: bool) -> None:
     """Jobs with state, progress, ETA and output (failed: the reason); a job or sweep id narrows it;
     worker health last. A sweep shows its counts and --limit jobs; --page, --state or --all for others."""
-    from rich.console import Console
     from rich.live import Live
 
     from h3render.queue import status as st
@@ -470,7 +470,7 @@ def status(ident: str | None, as_json: bool, watch: bool, interval: float, limit
             if not watch or finished({**data, "_rows": rows}):
                 return
             time.sleep(interval)
-    console = Console()
+    console = make_console()
     if not watch:
         console.print(render_status(snapshot(), kind))
         return

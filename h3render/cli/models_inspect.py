@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
+from h3render.cli.console import console as make_console
 
 
 def _size(n: int) -> str:
@@ -34,7 +34,7 @@ def inspect(model_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        console = Console()
+        console = make_console()
         table = Table("component", "files", "tensors", "on disk", "tensor bytes", "dtypes", title=str(model_dir))
         for c in report.components:
             dtypes = ", ".join(f"{k} x{v}" for k, v in c.dtypes.items()) or "-"

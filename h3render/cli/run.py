@@ -28,6 +28,7 @@ from h3render.engine.builtin import DEFAULT_MODEL
 from h3render.engine.exceptions import (ConvertError, EngineError, InvalidRequestError, ModelFileError,
                                         ModelNotFoundError)
 from h3render.queue.errors import JobValidationError, Problem
+from h3render.cli.console import console as make_console
 
 PHASE_LABELS = {"load": "loading", "encode": "text encoder", "denoise": "denoising", "decode": "VAE decode"}
 
@@ -152,7 +153,7 @@ def execute(params: RunParams, console: Console | None = None, as_json: bool = F
     from h3render.engine.binding import Engine
     from h3render.engine.video import VideoError
 
-    err = console or Console(stderr=True)
+    err = console or make_console(stderr=True)
     problems = [] if params.output.suffix.lower() == ".mp4" else [
         Problem("--output", str(params.output), "must end in .mp4", str(params.output.with_suffix(".mp4")))]
     try:

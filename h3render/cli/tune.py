@@ -6,6 +6,7 @@ import json
 import sys
 
 import click
+from h3render.cli.console import console as make_console
 
 
 def _threads_list(value: str | None) -> list[int] | None:
@@ -51,7 +52,6 @@ def tune_size(model_dir, quant: str | None, size: str | None) -> tuple[str, int,
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def tune(model: str, quant: str | None, threads: str | None, size: str | None, repeats: int, as_json: bool) -> None:
     """Time one denoising step over thread counts and store the fastest for this machine."""
-    from rich.console import Console
 
     from h3render.engine import tune as T
     from h3render.engine.exceptions import EngineError
@@ -62,7 +62,7 @@ def tune(model: str, quant: str | None, threads: str | None, size: str | None, r
     if size is not None and len(size.lower().split("x")) != 3:
         click.echo(f"--size={size!r}: expected WIDTHxHEIGHTxFRAMES, e.g. 64x64x17", err=True)
         sys.exit(2)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     try:
         model_dir = resolve_model_arg(model)
         quant, width, height, frames = tune_size(model_dir, quant, size)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from h3render.engine.builtin import DEFAULT_MODEL
+from h3render.cli.console import console as make_console
 
 
 class BadInput(Exception):
@@ -69,8 +70,8 @@ def execute(model: str, quant: str | None, threads: int, seed: int, as_json: boo
     from h3render.engine.reference import ReferenceError
     from h3render.engine.verify import ConfigMismatchError, verify_dit
 
-    out = console or Console()
-    err = Console(stderr=True)
+    out = console or make_console()
+    err = make_console(stderr=True)
     results = []
     try:
         model_dir = resolve_model(model)

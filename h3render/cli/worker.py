@@ -6,6 +6,7 @@ import json
 import sys
 
 import click
+from h3render.cli.console import console as make_console
 
 
 @click.command()
@@ -96,10 +97,9 @@ def health(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(d.model_dump(mode="json"), indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    c = Console()
+    c = make_console()
     c.print(f"gate: [bold {'green' if d.open else 'red'}]{d.state}[/]", highlight=False)
     r = d.readings
     if r is not None:
