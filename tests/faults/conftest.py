@@ -84,3 +84,14 @@ def tmpfs(tmp_path):
     yield mount
     for d in mounted:
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+SLOW_FIXTURES = ("worker_env", "tmpfs", "redis_conn", "redis_server")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Fault cases that start real processes or servers are slow (`make test-fast` leaves them
+    to the whole suite); the pure checks of records and of the table stay fast."""
+    for item in items:
+        if "/faults/" in str(item.fspath) and any(f in getattr(item, "fixturenames", ()) for f in SLOW_FIXTURES):
+            item.add_marker(pytest.mark.slow)
