@@ -96,8 +96,12 @@ def test_redis_killed_mid_render_the_worker_waits_and_the_job_ends(worker_env, r
         time.sleep(3.0)
         r = redis_server.start()
         back = time.time()
-        wait_for(lambda: all(fetch(r, j).get_status() == JobStatus.FINISHED for j in (jid, after)), 120,
-                 "both jobs finished")
+        try:
+            wait_for(lambda: all(fetch(r, j).get_status() == JobStatus.FINISHED for j in (jid, after)), 120,
+                     "both jobs finished")
+        except AssertionError as e:  # where each job sits, and what the worker said (seen once, under load)
+            where = {j: (fetch(r, j).get_status(), h3meta(r, j)) for j in (jid, after)}
+            raise AssertionError(f"{e}\njobs: {where}\nworker output:\n{stop(p)[-6000:]}") from None
         took = time.time() - back
         alive = p.poll() is None
         m = h3meta(r, jid)
