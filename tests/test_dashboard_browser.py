@@ -29,11 +29,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from redis_fixture import free_port
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from browser import Browser, needs_browser
+from faults.harness import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 # Not docs/screenshots by default: a test run must not rewrite committed files.
@@ -51,16 +53,6 @@ pytestmark = pytest.mark.slow
 # Each test that drives Chromium is skipped on its own, with what to install, when there
 # is none; the others (plain HTTP) run regardless.
 BROWSER = needs_browser()
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.1):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def fetch(r, job_id) -> Job:

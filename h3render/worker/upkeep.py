@@ -70,9 +70,14 @@ class Upkeep:
     def tick(self) -> None:
         """Between dequeue slices: the host lock, the scheduler process, the started-registry
         sweep. A Redis outage is raised to the loop; any other error is logged only."""
-        for what, step in (("registration", self._reregister_if_lost),
-                           ("scheduler", self._keep_scheduler),
-                           ("sweep", self._sweep_if_due)):
+        self._each((("registration", self._reregister_if_lost),
+                    ("scheduler", self._keep_scheduler),
+                    ("sweep", self._sweep_if_due)), "")
+
+    def _each(self, steps, where: str) -> None:
+        """Run each (name, step): a stop or a Redis outage is raised to the loop; any other
+        error is logged and the next step runs."""
+        for what, step in steps:
             try:
                 step()
             except StopRequested:
@@ -80,7 +85,7 @@ class Upkeep:
             except Exception as e:  # noqa: BLE001
                 if classify(e) is not None:
                     raise
-                log.exception("worker %s: %s: %s", self.name, what, one_line(e))
+                log.exception("worker %s: %s%s: %s", self.name, what, where, one_line(e))
 
     def _keep_scheduler(self) -> None:
         if not self._burst and self.scheduler is not None:
@@ -106,19 +111,11 @@ class Upkeep:
             if not queue.acquire_maintenance_lock():
                 continue
             try:
-                for what, step in (("started", lambda: self._sweep_if_due(force=True)),
-                                   ("intermediate", lambda: self.requeue_stuck(queue)),
-                                   ("registries", lambda: clean_registries(queue, self._exc_handlers)),
-                                   ("workers", lambda: worker_registration.clean_worker_registry(queue))):
-                    try:
-                        step()
-                    except StopRequested:
-                        raise
-                    except Exception as e:  # noqa: BLE001
-                        if classify(e) is not None:
-                            raise
-                        log.exception("worker %s: cleaning %s of %s: %s", self.name, what, queue.name,
-                                      one_line(e))
+                self._each((("cleaning started", lambda: self._sweep_if_due(force=True)),
+                            ("cleaning intermediate", lambda: self.requeue_stuck(queue)),
+                            ("cleaning registries", lambda: clean_registries(queue, self._exc_handlers)),
+                            ("cleaning workers", lambda: worker_registration.clean_worker_registry(queue))),
+                           f" of {queue.name}")
             finally:
                 try:
                     queue.release_maintenance_lock()
